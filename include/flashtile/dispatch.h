@@ -1,0 +1,33 @@
+// What ran, and why everything else did not.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace flashtile {
+
+struct KernelInfo {
+  std::string backend;   // "cpu-flash"
+  std::string kernel;    // "cpu_flash_fwd"
+  std::string isa;       // "avx2", "avx512", "scalar", "sm90", ...
+  int block_q = 0;       // query rows per tile
+  int block_k = 0;       // key rows per tile
+  int threads = 0;       // CPU worker threads or GPU threads per block
+  std::string detail;    // anything else that identifies the instantiation (stages, warps, ...)
+};
+
+struct Refusal {
+  std::string backend;
+  std::vector<std::string> reasons;
+};
+
+struct DispatchReport {
+  std::string requested;          // the backend the caller asked for ("auto" or a name)
+  KernelInfo ran;                 // empty backend when nothing ran (explain() on an unrunnable call)
+  bool fell_back = false;         // a named backend could not run and another one did
+  std::vector<Refusal> refused;   // every backend that was considered and refused, with reasons
+
+  std::string to_string() const;
+};
+
+}  // namespace flashtile

@@ -1,0 +1,27 @@
+// Options shared by forward and backward.
+#pragma once
+
+#include <optional>
+#include <string>
+
+namespace flashtile {
+
+struct Options {
+  // Multiplies q·kᵀ before the softmax. Default 1/sqrt(D).
+  std::optional<float> softmax_scale;
+  // Causal mask aligned to the bottom-right corner: query i sees keys j <= i + Sk - Sq
+  // (FlashAttention >= 2.1). With Sq > Sk the first Sq - Sk rows see no key: O = 0, LSE = -inf.
+  bool causal = false;
+  // "auto" or a backend name: "cpu-flash", "cpu-reference", "cuda-sm80", ...
+  std::string backend = "auto";
+  // Strict: a requested backend that cannot run is an error that lists its reasons; with "auto",
+  // anything other than the first-choice backend for the tensors' device is an error.
+  bool strict = false;
+  // Backward only: bitwise identical results run to run (the CPU path always is for a fixed thread
+  // count; GPU paths pay for it with a serialised dQ reduction).
+  bool deterministic = false;
+  // CPU worker threads; 0 = all hardware threads (or OMP_NUM_THREADS when set).
+  int num_threads = 0;
+};
+
+}  // namespace flashtile

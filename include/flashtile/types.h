@@ -1,0 +1,31 @@
+// Element types and devices understood by FlashTile.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace flashtile {
+
+enum class DType : std::uint8_t { float32, float16, bfloat16 };
+
+enum class Device : std::uint8_t { cpu, cuda };
+
+constexpr std::size_t dtype_size(DType t) noexcept {
+  return t == DType::float32 ? 4 : 2;
+}
+
+constexpr std::string_view dtype_name(DType t) noexcept {
+  switch (t) {
+    case DType::float32: return "float32";
+    case DType::float16: return "float16";
+    case DType::bfloat16: return "bfloat16";
+  }
+  return "?";
+}
+
+constexpr std::string_view device_name(Device d) noexcept {
+  return d == Device::cpu ? "cpu" : "cuda";
+}
+
+}  // namespace flashtile

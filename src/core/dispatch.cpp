@@ -1,0 +1,160 @@
+// Backend selection. The rules, in one place:
+//  - "auto": the first backend in priority order whose can_run() is empty; each one skipped before it
+//    is listed in the report with its reasons. Oracles (cpu-reference) are never picked by auto.
+//  - a name: that backend if it can run. Otherwise, not strict: auto's choice runs and the report says
+//    fell_back = true with the named backend's reasons; strict: UnsupportedError listing the reasons.
+//  - strict with "auto": an error unless the first auto-eligible backend for the tensors' device runs.
+//  - nothing can run: UnsupportedError listing every backend's reasons.
+#include <sstream>
+
+#include "core/backend.h"
+#include "core/validate.h"
+#include "flashtile/attention.h"
+#include "flashtile/errors.h"
+
+namespace flashtile {
+namespace detail {
+
+const std::vector<std::unique_ptr<Backend>>& registry() {
+  static const std::vector<std::unique_ptr<Backend>> backends = [] {
+    std::vector<std::unique_ptr<Backend>> v;
+#if FLASHTILE_WITH_CUDA
+    register_cuda_backends(v);
+#endif
+    register_cpu_backends(v);
+    return v;
+  }();
+  return backends;
+}
+
+namespace {
+
+thread_local DispatchReport g_last;
+
+std::string list_reasons(const std::vector<Refusal>& refused) {
+  std::ostringstream s;
+  for (const Refusal& r : refused) {
+    s << "\n  " << r.backend << ":";
+    for (const std::string& why : r.reasons) s << "\n    - " << why;
+  }
+  return s.str();
+}
+
+const Backend* find(const std::string& name) {
+  for (const auto& b : registry())
+    if (b->name() == name) return b.get();
+  return nullptr;
+}
+
+// Picks the backend and fills the report; throws when nothing may run.
+const Backend* choose(const AttnParams& p, const Options& o, DispatchReport& report, const char* op) {
+  report = DispatchReport{};
+  report.requested = o.backend;
+  const Backend* named = nullptr;
+  if (o.backend != "auto") {
+    named = find(o.backend);
+    if (named == nullptr) {
+      std::ostringstream s;
+      s << "backend: unknown backend '" << o.backend << "'; this build has: auto";
+      for (const auto& b : registry()) s << ", " << b->name();
+      throw InvalidArgument(s.str());
+    }
+    Reasons why = named->can_run(p);
+    if (why.empty()) return named;
+    report.refused.push_back({named->name(), std::move(why)});
+    if (o.strict)
+      throw UnsupportedError(std::string("flashtile.") + op + ": strict mode: backend '" + o.backend +
+                             "' cannot run this call:" + list_reasons(report.refused));
+    report.fell_back = true;
+  }
+  bool first_choice = true;
+  for (const auto& b : registry()) {
+    if (b.get() == named) continue;
+    if (!b->eligible_for_auto()) {
+      report.refused.push_back({b->name(), {"not chosen by auto: an oracle, run only when requested by name"}});
+      continue;
+    }
+    Reasons why = b->can_run(p);
+    if (why.empty()) {
+      if (o.strict && o.backend == "auto" && !first_choice)
+        throw UnsupportedError(std::string("flashtile.") + op + ": strict mode: auto would fall back to '" +
+                               b->name() + "' because faster backends refused:" + list_reasons(report.refused));
+      return b.get();
+    }
+    // A backend for another device is not a fallback candidate for strict auto.
+    const bool other_device = why.front().rfind("device:", 0) == 0;
+    if (!other_device) first_choice = false;
+    report.refused.push_back({b->name(), std::move(why)});
+  }
+  throw UnsupportedError(std::string("flashtile.") + op + ": no backend can run this call:" +
+                         list_reasons(report.refused));
+}
+
+DispatchReport run(const AttnParams& p, const Options& o, const char* op, bool execute) {
+  DispatchReport report;
+  const Backend* b = choose(p, o, report, op);
+  report.ran = b->plan(p);
+  if (execute) {
+    if (!p.empty()) b->run(p);
+    g_last = report;
+  }
+  return report;
+}
+
+}  // namespace
+}  // namespace detail
+
+std::vector<std::string> backend_names() {
+  std::vector<std::string> names;
+  for (const auto& b : detail::registry()) names.push_back(b->name());
+  return names;
+}
+
+const DispatchReport& last_dispatch() { return detail::g_last; }
+
+DispatchReport forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                       const TensorView& lse, const Options& options) {
+  const auto p = detail::validate_forward(q, k, v, out, lse, options);
+  return detail::run(p, options, "forward", true);
+}
+
+DispatchReport backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                        const TensorView& dout, const TensorView& lse, const TensorView& dq, const TensorView& dk,
+                        const TensorView& dv, const Options& options) {
+  const auto p = detail::validate_backward(q, k, v, out, dout, lse, dq, dk, dv, options);
+  return detail::run(p, options, "backward", true);
+}
+
+DispatchReport explain_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                               const TensorView& out, const TensorView& lse, const Options& options) {
+  const auto p = detail::validate_forward(q, k, v, out, lse, options);
+  return detail::run(p, options, "forward", false);
+}
+
+DispatchReport explain_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                const TensorView& out, const TensorView& dout, const TensorView& lse,
+                                const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                                const Options& options) {
+  const auto p = detail::validate_backward(q, k, v, out, dout, lse, dq, dk, dv, options);
+  return detail::run(p, options, "backward", false);
+}
+
+std::string DispatchReport::to_string() const {
+  std::ostringstream s;
+  if (ran.backend.empty()) {
+    s << "nothing ran";
+  } else {
+    s << "ran " << ran.backend << " / " << ran.kernel;
+    if (!ran.isa.empty()) s << " [" << ran.isa << "]";
+    s << " block_q=" << ran.block_q << " block_k=" << ran.block_k << " threads=" << ran.threads;
+    if (!ran.detail.empty()) s << " " << ran.detail;
+  }
+  if (requested != "auto" && !requested.empty()) s << " (requested " << requested << (fell_back ? ", fell back" : "") << ")";
+  for (const Refusal& r : refused) {
+    s << "\n  refused " << r.backend << ":";
+    for (const std::string& why : r.reasons) s << "\n    - " << why;
+  }
+  return s.str();
+}
+
+}  // namespace flashtile

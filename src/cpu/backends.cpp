@@ -1,0 +1,110 @@
+// The CPU backends: cpu-flash (tiled FlashAttention, SIMD per ISA, OpenMP) and cpu-reference (the
+// float64 oracle, chosen only by name).
+#include <numeric>
+#include <sstream>
+
+#include "core/backend.h"
+#include "cpu/convert.h"
+#include "cpu/kernels.h"
+#include "cpu/reference.h"
+#include "flashtile/errors.h"
+
+namespace flashtile::detail {
+namespace {
+
+Reasons host_only(const AttnParams& p) {
+  if (p.device == Device::cpu) return {};
+  std::ostringstream s;
+  s << "device: tensors are on " << device_name(p.device) << ":" << p.device_index
+    << "; CPU backends read host memory";
+  return {s.str()};
+}
+
+class CpuFlash final : public Backend {
+ public:
+  std::string name() const override { return "cpu-flash"; }
+  Reasons can_run(const AttnParams& p) const override {
+    Reasons why = host_only(p);
+    try {
+      cpu::select_kernels();
+    } catch (const Error& e) {
+      why.emplace_back(e.what());
+    }
+    return why;
+  }
+  KernelInfo plan(const AttnParams& p) const override {
+    const cpu::TileConfig t = cpu::tile_config(p.hdim > p.hdim_v ? p.hdim : p.hdim_v);
+    KernelInfo k;
+    k.backend = name();
+    k.kernel = p.is_backward() ? "cpu_flash_bwd" : "cpu_flash_fwd";
+    k.isa = std::string(cpu::select_kernels().isa);
+    k.block_q = t.block_q;
+    k.block_k = t.block_k;
+    k.threads = cpu::resolve_threads(p.num_threads);
+    k.detail = std::string("dtype=") + std::string(dtype_name(p.dtype)) + " accumulate=float32";
+    return k;
+  }
+  void run(const AttnParams& p) const override {
+    const cpu::KernelSet& ks = cpu::select_kernels();
+    const cpu::TileConfig t = cpu::tile_config(p.hdim > p.hdim_v ? p.hdim : p.hdim_v);
+    const int threads = cpu::resolve_threads(p.num_threads);
+    (p.is_backward() ? ks.backward : ks.forward)(p, t, threads);
+  }
+};
+
+// Writes float64 rows into a [B, S, H, D] output of the call's dtype.
+void scatter(const std::vector<double>& src, void* dst, const Strides& st, DType dtype, std::int64_t batch,
+             std::int64_t seq, std::int64_t heads, std::int64_t dim) {
+  cpu::visit_dtype(dtype, [&]<class T>() {
+    for (std::int64_t b = 0; b < batch; ++b)
+      for (std::int64_t i = 0; i < seq; ++i)
+        for (std::int64_t h = 0; h < heads; ++h) {
+          T* d = cpu::row_ptr<T>(dst, st, b, i, h);
+          const double* s = src.data() + ((b * seq + i) * heads + h) * dim;
+          for (std::int64_t c = 0; c < dim; ++c) d[c] = cpu::from_float<T>(static_cast<float>(s[c]));
+        }
+  });
+}
+
+class CpuReference final : public Backend {
+ public:
+  std::string name() const override { return "cpu-reference"; }
+  bool eligible_for_auto() const override { return false; }
+  Reasons can_run(const AttnParams& p) const override { return host_only(p); }
+  KernelInfo plan(const AttnParams& p) const override {
+    KernelInfo k;
+    k.backend = name();
+    k.kernel = p.is_backward() ? "reference_bwd_f64" : "reference_fwd_f64";
+    k.isa = "scalar";
+    k.threads = 1;
+    k.detail = "materialises S and P in float64, one row at a time";
+    return k;
+  }
+  void run(const AttnParams& p) const override {
+    if (!p.is_backward()) {
+      std::vector<std::int64_t> rows(static_cast<std::size_t>(p.seqlen_q));
+      std::iota(rows.begin(), rows.end(), std::int64_t{0});
+      const auto r = cpu::reference_forward(p, rows);
+      scatter(r.out, p.out, p.out_stride, p.dtype, p.batch, p.seqlen_q, p.heads_q, p.hdim_v);
+      for (std::int64_t b = 0; b < p.batch; ++b)
+        for (std::int64_t h = 0; h < p.heads_q; ++h)
+          for (std::int64_t i = 0; i < p.seqlen_q; ++i)
+            p.lse[b * p.lse_stride.batch + h * p.lse_stride.head + i * p.lse_stride.row] =
+                static_cast<float>(r.lse[static_cast<std::size_t>((b * p.heads_q + h) * p.seqlen_q + i)]);
+      return;
+    }
+    const auto g = cpu::reference_backward(p);
+    scatter(g.dq, p.dq, p.dq_stride, p.dtype, p.batch, p.seqlen_q, p.heads_q, p.hdim);
+    scatter(g.dk, p.dk, p.dk_stride, p.dtype, p.batch, p.seqlen_k, p.heads_kv, p.hdim);
+    scatter(g.dv, p.dv, p.dv_stride, p.dtype, p.batch, p.seqlen_k, p.heads_kv, p.hdim_v);
+  }
+};
+
+}  // namespace
+
+void register_cpu_backends(std::vector<std::unique_ptr<Backend>>& out) {
+  out.push_back(std::make_unique<CpuFlash>());
+  out.push_back(std::make_unique<CpuReference>());
+}
+
+}  // namespace flashtile::detail

@@ -1,0 +1,36 @@
+// 2^x in float32 for the softmax hot loops: Cody–Waite style split x = n + f with f in [-0.5, 0.5], a
+// degree-6 polynomial for 2^f (the Cephes exp2f coefficients), and 2^n built in the exponent bits.
+// Written with plain float/int operations so every ISA build auto-vectorises it.
+//
+// Accuracy (tested in tests/test_exp2.cpp against std::exp2 over [-126, 0] and edge cases): relative error
+// <= 4 float ulps (~2.4e-7). Exact 0 for x <= -127 (masked scores are -inf), NaN in -> NaN out, +inf -> +inf.
+#pragma once
+
+#include <bit>
+#include <cstdint>
+
+namespace flashtile::cpu {
+
+inline float exp2_fast(float x) {
+  // Clamp into the range whose 2^n is a normal float (or exactly 0 at -127, inf at 128). A NaN compares
+  // false and is clamped too, so the int conversion below is always defined; it is restored at the end.
+  float xc = x > -127.0f ? x : -127.0f;
+  xc = xc < 128.0f ? xc : 128.0f;
+  // Round to nearest integer with the 1.5·2^23 trick (no libm call, vectorises everywhere).
+  const float n = (xc + 12582912.0f) - 12582912.0f;
+  const float f = xc - n;  // in [-0.5, 0.5]
+  float p = 1.535336188319500e-4f;
+  p = p * f + 1.339887440266574e-3f;
+  p = p * f + 9.618437357674640e-3f;
+  p = p * f + 5.550332471162809e-2f;
+  p = p * f + 2.402264791363012e-1f;
+  p = p * f + 6.931472028550421e-1f;
+  p = p * f + 1.0f;
+  // 2^n: n + 127 in the exponent field; n = -127 gives the bit pattern of +0, n = 128 that of +inf.
+  const std::int32_t e = static_cast<std::int32_t>(n) + 127;
+  const float scale = std::bit_cast<float>(static_cast<std::uint32_t>(e) << 23);
+  const float r = p * scale;
+  return x == x ? r : x;
+}
+
+}  // namespace flashtile::cpu

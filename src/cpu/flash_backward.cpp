@@ -1,0 +1,185 @@
+// CPU FlashAttention backward, compiled once per ISA (FT_ISA_NS names the namespace).
+//
+// Recomputation: P = exp2(scale·log2e · Q Kᵀ − LSE·log2e) per tile from Q, K and the forward's LSE;
+// nothing of size Sq × Sk is ever stored.
+//   D  = rowsum(dO ∘ O)                (preprocessing, one float per query row)
+//   dV += Pᵀ dO,  dP = dO Vᵀ,  dS = P ∘ (dP − D),  dQ += scale · dS K,  dK += scale · dSᵀ Q
+// One task = (batch, KV head, part): a part owns every `parts`-th key tile, so it accumulates dK and dV
+// for its tiles on its own (no race; GQA's sum over the group's query heads happens inside the task).
+// dQ gets contributions from every key tile, so each part adds into its own float32 dQ buffer
+// [B, Hq, Sq, D]; the parts are summed in a fixed order at the end. For a given thread count the result
+// is bitwise reproducible. The buffers are linear in Sq; `parts` is 1 when B·Hkv already feeds the threads.
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "cpu/convert.h"
+#include "cpu/exp2.h"
+#include "cpu/kernel_common.h"
+#include "cpu/kernels.h"
+#include "cpu/parallel.h"
+#include "cpu/tile_ops.h"
+
+#ifndef FT_ISA_NS
+#error "FT_ISA_NS must name the ISA namespace"
+#endif
+
+namespace flashtile::cpu::FT_ISA_NS {
+namespace {
+
+using detail::AttnParams;
+
+std::unique_ptr<float[]> floats(std::int64_t n) { return std::unique_ptr<float[]>(new float[static_cast<std::size_t>(n)]); }
+
+struct BwdScratch {
+  std::unique_ptr<float[]> q, dout, kt, kf, vt, s, dp, dk, dv, lse2, delta;
+  BwdScratch(TileConfig t, std::int64_t d, std::int64_t dv_)
+      : q(floats(t.block_q * d)), dout(floats(t.block_q * dv_)), kt(floats(d * t.block_k)),
+        kf(floats(t.block_k * d)), vt(floats(dv_ * t.block_k)), s(floats(t.block_q * t.block_k)),
+        dp(floats(t.block_q * t.block_k)), dk(floats(t.block_k * d)), dv(floats(t.block_k * dv_)),
+        lse2(floats(t.block_q)), delta(floats(t.block_q)) {}
+};
+
+struct Shared {
+  const AttnParams& p;
+  TileConfig tile;
+  std::int64_t parts;
+  std::vector<float> delta;  // D = rowsum(dO ∘ O), [B, Hq, Sq]
+  std::vector<float> dq;     // per-part dQ sums, [parts, B, Hq, Sq, D], unscaled
+  float* dq_rows(std::int64_t part, std::int64_t b, std::int64_t h, std::int64_t i) {
+    return dq.data() + (((part * p.batch + b) * p.heads_q + h) * p.seqlen_q + i) * p.hdim;
+  }
+};
+
+template <class T>
+void compute_delta(Shared& sh, int threads) {
+  const AttnParams& p = sh.p;
+  parallel_tasks(
+      p.batch * p.heads_q, threads, [] { return 0; },
+      [&](int&, std::int64_t t) {
+        const std::int64_t b = t / p.heads_q, h = t % p.heads_q;
+        for (std::int64_t i = 0; i < p.seqlen_q; ++i) {
+          const T* o = row_ptr<T>(p.out, p.out_stride, b, i, h);
+          const T* g = row_ptr<T>(p.dout, p.dout_stride, b, i, h);
+          float acc = 0.0f;
+          for (std::int64_t c = 0; c < p.hdim_v; ++c) acc += to_float(o[c]) * to_float(g[c]);
+          sh.delta[static_cast<std::size_t>(t * p.seqlen_q + i)] = acc;
+        }
+      });
+}
+
+template <class T>
+void key_tile(Shared& sh, BwdScratch& w, std::int64_t b, std::int64_t hk, std::int64_t part, std::int64_t k0) {
+  const AttnParams& p = sh.p;
+  const int d = static_cast<int>(p.hdim), dv = static_cast<int>(p.hdim_v);
+  const int bq = sh.tile.block_q, bk = sh.tile.block_k;
+  const int n = static_cast<int>(std::min<std::int64_t>(bk, p.seqlen_k - k0));
+  const float qk_scale = p.softmax_scale * kLog2e;
+
+  for (int j = 0; j < n; ++j) {
+    const T* ks = row_ptr<T>(p.k, p.k_stride, b, k0 + j, hk);
+    const T* vs = row_ptr<T>(p.v, p.v_stride, b, k0 + j, hk);
+    float* kf = w.kf.get() + static_cast<std::int64_t>(j) * d;
+    for (int c = 0; c < d; ++c) kf[c] = to_float(ks[c]);
+    for (int c = 0; c < d; ++c) w.kt[static_cast<std::int64_t>(c) * bk + j] = kf[c];
+    for (int c = 0; c < dv; ++c) w.vt[static_cast<std::int64_t>(c) * bk + j] = to_float(vs[c]);
+  }
+  std::fill_n(w.dk.get(), static_cast<std::int64_t>(n) * d, 0.0f);
+  std::fill_n(w.dv.get(), static_cast<std::int64_t>(n) * dv, 0.0f);
+
+  // Query rows that see at least one key of this tile. Visible ranges grow with i (causal), so the
+  // first such row is where key_end first passes k0.
+  std::int64_t i_lo = 0;
+  if (p.causal) i_lo = std::clamp<std::int64_t>(k0 + p.seqlen_q - p.seqlen_k, 0, p.seqlen_q);
+  const std::int64_t group = p.group();
+  for (std::int64_t g = 0; g < group; ++g) {
+    const std::int64_t h = hk * group + g;
+    const float* lse_row = p.lse + b * p.lse_stride.batch + h * p.lse_stride.head;
+    const float* delta = sh.delta.data() + (b * p.heads_q + h) * p.seqlen_q;
+    for (std::int64_t q0 = i_lo; q0 < p.seqlen_q; q0 += bq) {
+      const int rows = static_cast<int>(std::min<std::int64_t>(bq, p.seqlen_q - q0));
+      for (int r = 0; r < rows; ++r) {
+        const T* qs = row_ptr<T>(p.q, p.q_stride, b, q0 + r, h);
+        const T* gs = row_ptr<T>(p.dout, p.dout_stride, b, q0 + r, h);
+        float* qd = w.q.get() + static_cast<std::int64_t>(r) * d;
+        float* gd = w.dout.get() + static_cast<std::int64_t>(r) * dv;
+        for (int c = 0; c < d; ++c) qd[c] = to_float(qs[c]);
+        for (int c = 0; c < dv; ++c) gd[c] = to_float(gs[c]);
+        w.lse2[r] = lse_row[(q0 + r) * p.lse_stride.row] * kLog2e;
+        w.delta[r] = delta[q0 + r];
+      }
+      // P = exp2(qk_scale · S − LSE·log2e), masked entries exactly 0.
+      gemm_nn(rows, n, d, w.q.get(), d, w.kt.get(), bk, w.s.get(), bk, false);
+      const bool needs_mask = k0 < p.key_begin(q0 + rows - 1) || k0 + n > p.key_end(q0);
+      for (int r = 0; r < rows; ++r) {
+        float* sr = w.s.get() + static_cast<std::int64_t>(r) * bk;
+        const float l2 = w.lse2[r];
+        for (int j = 0; j < n; ++j) sr[j] = sr[j] * qk_scale - l2;
+        if (needs_mask) mask_row(p, q0 + r, k0, n, sr);
+        for (int j = 0; j < n; ++j) sr[j] = exp2_fast(sr[j]);
+      }
+      gemm_tn(n, dv, rows, w.s.get(), bk, w.dout.get(), dv, w.dv.get(), dv);         // dV += Pᵀ dO
+      gemm_nn(rows, n, dv, w.dout.get(), dv, w.vt.get(), bk, w.dp.get(), bk, false);  // dP = dO Vᵀ
+      for (int r = 0; r < rows; ++r) {                                                // dS = P ∘ (dP − D)
+        float* dpr = w.dp.get() + static_cast<std::int64_t>(r) * bk;
+        const float* sr = w.s.get() + static_cast<std::int64_t>(r) * bk;
+        const float dr = w.delta[r];
+        for (int j = 0; j < n; ++j) dpr[j] = sr[j] * (dpr[j] - dr);
+      }
+      gemm_nn(rows, d, n, w.dp.get(), bk, w.kf.get(), d, sh.dq_rows(part, b, h, q0), d, true);  // dQ += dS K
+      gemm_tn(n, d, rows, w.dp.get(), bk, w.q.get(), d, w.dk.get(), d);                          // dK += dSᵀ Q
+    }
+  }
+  for (int j = 0; j < n; ++j) {
+    T* dks = row_ptr<T>(p.dk, p.dk_stride, b, k0 + j, hk);
+    T* dvs = row_ptr<T>(p.dv, p.dv_stride, b, k0 + j, hk);
+    const float* dkr = w.dk.get() + static_cast<std::int64_t>(j) * d;
+    const float* dvr = w.dv.get() + static_cast<std::int64_t>(j) * dv;
+    for (int c = 0; c < d; ++c) dks[c] = from_float<T>(dkr[c] * p.softmax_scale);
+    for (int c = 0; c < dv; ++c) dvs[c] = from_float<T>(dvr[c]);
+  }
+}
+
+template <class T>
+void backward_typed(const AttnParams& p, TileConfig tile, int threads) {
+  const std::int64_t n_kt = (p.seqlen_k + tile.block_k - 1) / tile.block_k;
+  const std::int64_t heads = p.batch * p.heads_kv;
+  const std::int64_t want = (2 * threads + heads - 1) / std::max<std::int64_t>(heads, 1);
+  Shared sh{p, tile, std::clamp<std::int64_t>(want, 1, std::max<std::int64_t>(n_kt, 1)), {}, {}};
+  sh.delta.assign(static_cast<std::size_t>(p.batch * p.heads_q * p.seqlen_q), 0.0f);
+  sh.dq.assign(static_cast<std::size_t>(sh.parts * p.batch * p.heads_q * p.seqlen_q * p.hdim), 0.0f);
+  compute_delta<T>(sh, threads);
+
+  parallel_tasks(
+      heads * sh.parts, threads, [&] { return BwdScratch(tile, p.hdim, p.hdim_v); },
+      [&](BwdScratch& w, std::int64_t t) {
+        const std::int64_t bh = t / sh.parts, part = t % sh.parts;
+        for (std::int64_t kt = part; kt < n_kt; kt += sh.parts)
+          key_tile<T>(sh, w, bh / p.heads_kv, bh % p.heads_kv, part, kt * tile.block_k);
+      });
+
+  // dq = scale · Σ_parts, in part order (reproducible), converted to T.
+  parallel_tasks(
+      p.batch * p.heads_q, threads, [] { return 0; },
+      [&](int&, std::int64_t t) {
+        const std::int64_t b = t / p.heads_q, h = t % p.heads_q;
+        for (std::int64_t i = 0; i < p.seqlen_q; ++i) {
+          T* dst = row_ptr<T>(p.dq, p.dq_stride, b, i, h);
+          const float* first = sh.dq_rows(0, b, h, i);
+          for (std::int64_t c = 0; c < p.hdim; ++c) {
+            float acc = first[c];
+            for (std::int64_t part = 1; part < sh.parts; ++part) acc += sh.dq_rows(part, b, h, i)[c];
+            dst[c] = from_float<T>(acc * p.softmax_scale);
+          }
+        }
+      });
+}
+
+}  // namespace
+
+void backward(const AttnParams& p, TileConfig tile, int threads) {
+  visit_dtype(p.dtype, [&]<class T>() { backward_typed<T>(p, tile, threads); });
+}
+
+}  // namespace flashtile::cpu::FT_ISA_NS

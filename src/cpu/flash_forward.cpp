@@ -1,0 +1,143 @@
+// CPU FlashAttention forward, compiled once per ISA (FT_ISA_NS names the namespace).
+//
+// One task = (batch, query head, query tile). The task streams key/value tiles through L1/L2, keeps the
+// running max m, running sum l and the unnormalised output accumulator per row, and normalises once at
+// the end. Scores are kept in log2 units (scale · log2(e) folded into Q) so the hot loop uses exp2.
+// Causal: key tiles past the last visible key of the tile's last row are never visited; only tiles that
+// cross some row's boundary are masked.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+
+#include "cpu/convert.h"
+#include "cpu/exp2.h"
+#include "cpu/kernel_common.h"
+#include "cpu/kernels.h"
+#include "cpu/parallel.h"
+#include "cpu/tile_ops.h"
+
+#ifndef FT_ISA_NS
+#error "FT_ISA_NS must name the ISA namespace"
+#endif
+
+namespace flashtile::cpu::FT_ISA_NS {
+namespace {
+
+using detail::AttnParams;
+
+struct FwdScratch {
+  int bq, bk, d, dv;
+  std::unique_ptr<float[]> q, kt, v, s, acc, m, l;
+  FwdScratch(TileConfig t, int d_, int dv_)
+      : bq(t.block_q), bk(t.block_k), d(d_), dv(dv_),
+        q(new float[static_cast<std::size_t>(bq) * d]),
+        kt(new float[static_cast<std::size_t>(d) * bk]),
+        v(new float[static_cast<std::size_t>(bk) * dv]),
+        s(new float[static_cast<std::size_t>(bq) * bk]),
+        acc(new float[static_cast<std::size_t>(bq) * dv]),
+        m(new float[static_cast<std::size_t>(bq)]),
+        l(new float[static_cast<std::size_t>(bq)]) {}
+};
+
+template <class T>
+void forward_tile(const AttnParams& p, FwdScratch& w, std::int64_t b, std::int64_t h, std::int64_t q0) {
+  const int d = w.d, dv = w.dv, bk = w.bk;
+  const int rows = static_cast<int>(std::min<std::int64_t>(w.bq, p.seqlen_q - q0));
+  const std::int64_t hk = h / p.group();
+  const float qscale = p.softmax_scale * kLog2e;
+
+  for (int r = 0; r < rows; ++r) {
+    const T* src = row_ptr<T>(p.q, p.q_stride, b, q0 + r, h);
+    float* dst = w.q.get() + static_cast<std::int64_t>(r) * d;
+    for (int c = 0; c < d; ++c) dst[c] = to_float(src[c]) * qscale;
+    w.m[r] = kNegInf;
+    w.l[r] = 0.0f;
+    std::fill_n(w.acc.get() + static_cast<std::int64_t>(r) * dv, dv, 0.0f);
+  }
+  // Keys visible to any row of the tile: [k_lo, k_hi). Rows see prefixes, so the last row sees most.
+  const std::int64_t k_lo = p.key_begin(q0);
+  const std::int64_t k_hi = p.key_end(q0 + rows - 1);
+  // Keys in [mask_lo, mask_hi) are visible to every row of the tile: tiles inside it need no mask.
+  const std::int64_t mask_lo = p.key_begin(q0 + rows - 1);
+  const std::int64_t mask_hi = p.key_end(q0);
+
+  for (std::int64_t k0 = k_lo; k0 < k_hi; k0 += bk) {
+    const int n = static_cast<int>(std::min<std::int64_t>(bk, k_hi - k0));
+    // Kᵀ tile [d][n] and V tile [n][dv], converted to float.
+    for (int j = 0; j < n; ++j) {
+      const T* ks = row_ptr<T>(p.k, p.k_stride, b, k0 + j, hk);
+      for (int c = 0; c < d; ++c) w.kt[static_cast<std::int64_t>(c) * bk + j] = to_float(ks[c]);
+      const T* vs = row_ptr<T>(p.v, p.v_stride, b, k0 + j, hk);
+      float* vd = w.v.get() + static_cast<std::int64_t>(j) * dv;
+      for (int c = 0; c < dv; ++c) vd[c] = to_float(vs[c]);
+    }
+    gemm_nn(rows, n, d, w.q.get(), d, w.kt.get(), bk, w.s.get(), bk, false);
+
+    const bool needs_mask = k0 < mask_lo || k0 + n > mask_hi;
+    for (int r = 0; r < rows; ++r) {
+      float* sr = w.s.get() + static_cast<std::int64_t>(r) * bk;
+      if (needs_mask) mask_row(p, q0 + r, k0, n, sr);
+      float mx = kNegInf;
+      for (int j = 0; j < n; ++j) mx = sr[j] > mx ? sr[j] : mx;
+      const float m_old = w.m[r];
+      const float m_new = mx > m_old ? mx : m_old;
+      // All keys so far masked: keep exponentials at exp2(-inf) = 0 instead of exp2(-inf - -inf) = NaN.
+      const float m_ref = m_new == kNegInf ? 0.0f : m_new;
+      float sum = 0.0f;
+      for (int j = 0; j < n; ++j) {
+        const float e = exp2_fast(sr[j] - m_ref);
+        sr[j] = e;
+        sum += e;
+      }
+      const float alpha = exp2_fast(m_old - m_ref);
+      w.l[r] = w.l[r] * alpha + sum;
+      w.m[r] = m_new;
+      if (alpha != 1.0f) {
+        float* ar = w.acc.get() + static_cast<std::int64_t>(r) * dv;
+        for (int c = 0; c < dv; ++c) ar[c] *= alpha;
+      }
+    }
+    gemm_nn(rows, dv, n, w.s.get(), bk, w.v.get(), dv, w.acc.get(), dv, true);
+  }
+
+  for (int r = 0; r < rows; ++r) {
+    const std::int64_t i = q0 + r;
+    T* o = row_ptr<T>(p.out, p.out_stride, b, i, h);
+    float* lse = p.lse + b * p.lse_stride.batch + h * p.lse_stride.head + i * p.lse_stride.row;
+    const float* ar = w.acc.get() + static_cast<std::int64_t>(r) * dv;
+    if (p.key_end(i) <= p.key_begin(i)) {  // no visible key: defined as O = 0, LSE = -inf
+      for (int c = 0; c < dv; ++c) o[c] = from_float<T>(0.0f);
+      *lse = kNegInf;
+      continue;
+    }
+    // l == 0 with visible keys means every score was -inf (an infinite input): NaN, as standard attention.
+    const float l = w.l[r];
+    const float inv = l > 0.0f ? 1.0f / l : std::numeric_limits<float>::quiet_NaN();
+    for (int c = 0; c < dv; ++c) o[c] = from_float<T>(ar[c] * inv);
+    *lse = l > 0.0f ? (w.m[r] + std::log2(l)) * kLn2 : std::numeric_limits<float>::quiet_NaN();
+  }
+}
+
+template <class T>
+void forward_typed(const AttnParams& p, TileConfig tile, int threads) {
+  const std::int64_t n_qt = (p.seqlen_q + tile.block_q - 1) / tile.block_q;
+  const std::int64_t tasks = p.batch * p.heads_q * n_qt;
+  const int d = static_cast<int>(p.hdim), dv = static_cast<int>(p.hdim_v);
+  parallel_tasks(
+      tasks, threads, [&] { return FwdScratch(tile, d, dv); },
+      [&](FwdScratch& w, std::int64_t t) {
+        // Within a head, the last query tiles first: under causal masking they have the most key tiles,
+        // so the dynamic schedule ends on short tasks.
+        const std::int64_t bh = t / n_qt, qt = n_qt - 1 - t % n_qt;
+        forward_tile<T>(p, w, bh / p.heads_q, bh % p.heads_q, qt * tile.block_q);
+      });
+}
+
+}  // namespace
+
+void forward(const AttnParams& p, TileConfig tile, int threads) {
+  visit_dtype(p.dtype, [&]<class T>() { forward_typed<T>(p, tile, threads); });
+}
+
+}  // namespace flashtile::cpu::FT_ISA_NS

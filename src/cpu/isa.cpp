@@ -1,0 +1,77 @@
+// Run-time choice of the CPU kernel set. One binary carries a scalar (baseline x86-64 / any CPU), an
+// AVX2+FMA and an AVX-512 build of the same kernels; the best one this CPU executes is used unless
+// FLASHTILE_CPU_ISA forces another (tests force each path in turn).
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "cpu/kernels.h"
+#include "flashtile/errors.h"
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+#include <thread>
+
+namespace flashtile::cpu {
+namespace {
+
+bool cpu_has(std::string_view isa) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  if (isa == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (isa == "avx512")
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("fma");
+#endif
+  return isa == "scalar";
+}
+
+const KernelSet kSets[] = {
+    {"scalar", &scalar::forward, &scalar::backward},
+#if FLASHTILE_CPU_X86_ISAS
+    {"avx2", &avx2::forward, &avx2::backward},
+    {"avx512", &avx512::forward, &avx512::backward},
+#endif
+};
+
+}  // namespace
+
+std::vector<std::string_view> runnable_isas() {
+  std::vector<std::string_view> out;
+  for (const KernelSet& k : kSets)
+    if (cpu_has(k.isa)) out.push_back(k.isa);
+  return out;
+}
+
+const KernelSet& select_kernels() {
+  const char* forced = std::getenv("FLASHTILE_CPU_ISA");
+  if (forced != nullptr && *forced != '\0') {
+    for (const KernelSet& k : kSets) {
+      if (k.isa != forced) continue;
+      if (!cpu_has(k.isa))
+        throw UnsupportedError(std::string("FLASHTILE_CPU_ISA=") + forced + ": this CPU cannot execute that path");
+      return k;
+    }
+    std::string known;
+    for (const KernelSet& k : kSets) known += (known.empty() ? "" : ", ") + std::string(k.isa);
+    throw InvalidArgument(std::string("FLASHTILE_CPU_ISA=") + forced + ": unknown ISA path; this build has " + known);
+  }
+  const KernelSet* best = &kSets[0];
+  for (const KernelSet& k : kSets)
+    if (cpu_has(k.isa)) best = &k;
+  return *best;
+}
+
+int resolve_threads(int num_threads) {
+  if (num_threads > 0) return num_threads;
+#if defined(_OPENMP)
+  return omp_get_max_threads();
+#else
+  const unsigned n = std::thread::hardware_concurrency();
+  return n > 0 ? static_cast<int>(n) : 1;
+#endif
+}
+
+}  // namespace flashtile::cpu

@@ -1,0 +1,39 @@
+// The CPU FlashAttention kernels. kernels_impl.h is compiled once per ISA (see CMakeLists.txt), each copy
+// in its own namespace; isa.cpp picks one at run time from the CPU's features.
+#pragma once
+
+#include <string_view>
+#include <vector>
+
+#include "core/params.h"
+#include "cpu/tile_config.h"
+
+namespace flashtile::cpu {
+
+struct KernelSet {
+  std::string_view isa;
+  void (*forward)(const detail::AttnParams&, TileConfig, int threads);
+  void (*backward)(const detail::AttnParams&, TileConfig, int threads);
+};
+
+#define FLASHTILE_DECLARE_ISA(ns)                                                  \
+  namespace ns {                                                                   \
+  void forward(const detail::AttnParams& p, TileConfig tile, int threads);        \
+  void backward(const detail::AttnParams& p, TileConfig tile, int threads);       \
+  }
+FLASHTILE_DECLARE_ISA(scalar)
+FLASHTILE_DECLARE_ISA(avx2)
+FLASHTILE_DECLARE_ISA(avx512)
+#undef FLASHTILE_DECLARE_ISA
+
+// The kernel set for this CPU, or the one forced by FLASHTILE_CPU_ISA=scalar|avx2|avx512.
+// Throws UnsupportedError when the forced ISA is not available here.
+const KernelSet& select_kernels();
+
+// Kernel sets this CPU can execute, best last.
+std::vector<std::string_view> runnable_isas();
+
+// Worker threads a call with num_threads (0 = default) will use.
+int resolve_threads(int num_threads);
+
+}  // namespace flashtile::cpu

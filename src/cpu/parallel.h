@@ -1,0 +1,45 @@
+// Runs n independent tasks over a team of threads (OpenMP, dynamic schedule), giving each thread its
+// own scratch object. Exceptions from scratch construction or tasks are captured and rethrown on the
+// caller's thread after the team joins: nothing escapes a parallel region.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <optional>
+
+namespace flashtile::cpu {
+
+template <class MakeScratch, class Body>
+void parallel_tasks(std::int64_t n, int threads, MakeScratch make_scratch, Body body) {
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  std::atomic<bool> failed{false};
+  auto record = [&] {
+    std::lock_guard<std::mutex> lock(error_mutex);
+    if (!error) error = std::current_exception();
+    failed.store(true, std::memory_order_relaxed);
+  };
+#pragma omp parallel num_threads(threads)
+  {
+    std::optional<decltype(make_scratch())> scratch;
+    try {
+      scratch.emplace(make_scratch());
+    } catch (...) {
+      record();
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t t = 0; t < n; ++t) {
+      if (!scratch || failed.load(std::memory_order_relaxed)) continue;
+      try {
+        body(*scratch, t);
+      } catch (...) {
+        record();
+      }
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+}  // namespace flashtile::cpu
