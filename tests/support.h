@@ -1,0 +1,90 @@
+// Test support: owning host tensors with chosen layouts, seeded random data, the float64 oracle's
+// results, "standard attention" in the test's precision (the tolerance yardstick) and comparisons.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "flashtile/flashtile.h"
+
+namespace ft_test {
+
+using flashtile::DType;
+using flashtile::TensorView;
+
+// The run's seed: FLASHTILE_TEST_SEED if set, else fresh; printed once so a failure can be replayed.
+std::uint64_t run_seed();
+// A generator for the current test: run seed mixed with the test's full name.
+std::mt19937_64 test_rng();
+
+enum class Layout { contiguous, heads_major, padded };
+const char* layout_name(Layout l);
+
+// A host tensor [d0, d1, d2(, d3)] whose memory layout follows `layout`:
+//   contiguous:  row-major;
+//   heads_major: dims 1 and 2 swapped in memory (like a [B, H, S, D] tensor viewed as [B, S, H, D]);
+//   padded:      every row of the last dim padded, plus a gap between batches.
+class Tensor {
+ public:
+  Tensor(DType dtype, std::vector<std::int64_t> shape, Layout layout = Layout::contiguous);
+  const TensorView& view() const { return view_; }
+  const std::vector<std::int64_t>& shape() const { return shape_; }
+  std::int64_t numel() const;
+
+  double get(std::int64_t flat) const;  // logical row-major index
+  void set(std::int64_t flat, double x);
+  void fill_normal(std::mt19937_64& rng, double stddev = 1.0);
+  void fill(double x);  // e.g. NaN poison
+  std::vector<double> to_double() const;  // logical row-major order
+
+ private:
+  std::int64_t offset(std::int64_t flat) const;
+  DType dtype_;
+  std::vector<std::int64_t> shape_;
+  std::vector<unsigned char> storage_;
+  TensorView view_;
+};
+
+struct Case {
+  std::int64_t b = 1, sq = 1, sk = 1, hq = 1, hkv = 1, d = 64, dv = 64;
+  bool causal = false;
+  DType dtype = DType::float32;
+  Layout layout = Layout::contiguous;
+  std::string name() const;
+};
+
+// The operands of one case, filled with N(0, 1) data.
+struct Problem {
+  Case c;
+  Tensor q, k, v, out, lse, dout, dq, dk, dv;
+  explicit Problem(const Case& cs, std::mt19937_64& rng);
+  flashtile::Options options(const std::string& backend = "auto") const;
+};
+
+// Float64 results, in logical row-major order of out [B,Sq,Hq,Dv], lse [B,Hq,Sq], dq, dk, dv.
+struct Results {
+  std::vector<double> out, lse, dq, dk, dv;
+};
+
+Results oracle(const Problem& p, bool with_backward);
+// Standard attention (materialises S and P) in the case's precision: float32 arithmetic, with S, P, O,
+// dP, dS and the gradients rounded to the case's dtype where eager frameworks store them.
+Results standard_attention(const Problem& p, bool with_backward);
+
+// Max |got - ref| over all elements; infinite if NaN appears where the reference has none (or vice
+// versa), or if infinities differ.
+double max_abs_error(const std::vector<double>& got, const std::vector<double>& ref);
+double max_abs(const std::vector<double>& x);
+// Machine epsilon of the dtype.
+double eps(DType t);
+
+// Asserts err(got) <= 2 * err(standard) + 8 * eps * max(max|ref|, magnitude) and prints both errors on
+// failure. `magnitude` is the scale of the quantities the output is summed from (for gradients: the
+// largest of the three gradients), so an output that is exactly 0 in theory (a softmax over one key has
+// dq = dk = 0) is allowed the rounding of the terms that cancel.
+void expect_close(const char* what, const std::vector<double>& got, const std::vector<double>& standard,
+                  const std::vector<double>& ref, DType dtype, double magnitude = 0.0);
+
+}  // namespace ft_test
