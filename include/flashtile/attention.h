@@ -23,7 +23,8 @@ DispatchReport backward(const TensorView& q, const TensorView& k, const TensorVi
                         const TensorView& dk, const TensorView& dv, const Options& options = {});
 
 // Which kernel forward / backward would run for these arguments, and why the others are refused.
-// Validates the arguments like the real call; touches no data.
+// Validates the arguments like the real call (invalid arguments throw); touches no data. When nothing
+// would run (or strict mode would refuse), the report's `ran.backend` is empty instead of throwing.
 DispatchReport explain_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                                const TensorView& out, const TensorView& lse, const Options& options = {});
 DispatchReport explain_backward(const TensorView& q, const TensorView& k, const TensorView& v,

@@ -46,7 +46,28 @@ const Backend* find(const std::string& name) {
   return nullptr;
 }
 
-// Picks the backend and fills the report; throws when nothing may run.
+// Once `winner` is chosen, every other backend of the build is listed too, so that the report accounts
+// for all of them: why it was not picked.
+void note_rest(const AttnParams& p, const Options& o, DispatchReport& report, const Backend* winner) {
+  for (const auto& b : registry()) {
+    if (b.get() == winner) continue;
+    bool listed = false;
+    for (const Refusal& r : report.refused) listed = listed || r.backend == b->name();
+    if (listed) continue;
+    Reasons why;
+    if (o.backend != "auto" && !report.fell_back) {
+      why.push_back("not requested (backend = '" + o.backend + "')");
+    } else if (!b->eligible_for_auto()) {
+      why.push_back("not chosen by auto: an oracle, run only when requested by name");
+    } else {
+      why = b->can_run(p);
+      if (why.empty()) why.push_back("lower priority than " + winner->name());
+    }
+    report.refused.push_back({b->name(), std::move(why)});
+  }
+}
+
+// Picks the backend and fills the report; throws UnsupportedError when nothing may run.
 const Backend* choose(const AttnParams& p, const Options& o, DispatchReport& report, const char* op) {
   report = DispatchReport{};
   report.requested = o.backend;
@@ -60,7 +81,10 @@ const Backend* choose(const AttnParams& p, const Options& o, DispatchReport& rep
       throw InvalidArgument(s.str());
     }
     Reasons why = named->can_run(p);
-    if (why.empty()) return named;
+    if (why.empty()) {
+      note_rest(p, o, report, named);
+      return named;
+    }
     report.refused.push_back({named->name(), std::move(why)});
     if (o.strict)
       throw UnsupportedError(std::string("flashtile.") + op + ": strict mode: backend '" + o.backend +
@@ -79,6 +103,7 @@ const Backend* choose(const AttnParams& p, const Options& o, DispatchReport& rep
       if (o.strict && o.backend == "auto" && !first_choice)
         throw UnsupportedError(std::string("flashtile.") + op + ": strict mode: auto would fall back to '" +
                                b->name() + "' because faster backends refused:" + list_reasons(report.refused));
+      note_rest(p, o, report, b.get());
       return b.get();
     }
     // A backend for another device is not a fallback candidate for strict auto.
@@ -92,7 +117,13 @@ const Backend* choose(const AttnParams& p, const Options& o, DispatchReport& rep
 
 DispatchReport run(const AttnParams& p, const Options& o, const char* op, bool execute) {
   DispatchReport report;
-  const Backend* b = choose(p, o, report, op);
+  const Backend* b = nullptr;
+  try {
+    b = choose(p, o, report, op);
+  } catch (const UnsupportedError&) {
+    if (execute) throw;
+    return report;  // explain(): nothing would run; the report lists every refusal
+  }
   report.ran = b->plan(p);
   if (execute) {
     if (!p.empty()) b->run(p);

@@ -34,11 +34,12 @@ std::unique_ptr<float[]> floats(std::int64_t n) { return std::unique_ptr<float[]
 
 struct BwdScratch {
   std::unique_ptr<float[]> q, dout, kt, kf, vt, s, dp, dk, dv, lse2, delta;
+  std::unique_ptr<int[]> limit;  // visible keys of each query row in the current key tile
   BwdScratch(TileConfig t, std::int64_t d, std::int64_t dv_)
       : q(floats(t.block_q * d)), dout(floats(t.block_q * dv_)), kt(floats(d * t.block_k)),
         kf(floats(t.block_k * d)), vt(floats(dv_ * t.block_k)), s(floats(t.block_q * t.block_k)),
         dp(floats(t.block_q * t.block_k)), dk(floats(t.block_k * d)), dv(floats(t.block_k * dv_)),
-        lse2(floats(t.block_q)), delta(floats(t.block_q)) {}
+        lse2(floats(t.block_q)), delta(floats(t.block_q)), limit(new int[static_cast<std::size_t>(t.block_q)]) {}
 };
 
 struct Shared {
@@ -118,17 +119,21 @@ void key_tile(Shared& sh, BwdScratch& w, std::int64_t b, std::int64_t hk, std::i
         for (int j = 0; j < n; ++j) sr[j] = sr[j] * qk_scale - l2;
         if (needs_mask) mask_row(p, q0 + r, k0, n, sr);
         for (int j = 0; j < n; ++j) sr[j] = exp2_fast(sr[j]);
+        w.limit[r] = needs_mask ? visible_in_tile(p, q0 + r, k0, n) : n;
       }
-      gemm_tn(n, dv, rows, w.s.get(), bk, w.dout.get(), dv, w.dv.get(), dv);         // dV += Pᵀ dO
+      // Masked keys are excluded from every product below (see tile_ops.h), so they contribute
+      // exactly nothing, NaN inputs included.
+      const int* lim = w.limit.get();
+      gemm_tn(n, dv, rows, w.s.get(), bk, w.dout.get(), dv, w.dv.get(), dv, lim);    // dV += Pᵀ dO
       gemm_nn(rows, n, dv, w.dout.get(), dv, w.vt.get(), bk, w.dp.get(), bk, false);  // dP = dO Vᵀ
       for (int r = 0; r < rows; ++r) {                                                // dS = P ∘ (dP − D)
         float* dpr = w.dp.get() + static_cast<std::int64_t>(r) * bk;
         const float* sr = w.s.get() + static_cast<std::int64_t>(r) * bk;
         const float dr = w.delta[r];
-        for (int j = 0; j < n; ++j) dpr[j] = sr[j] * (dpr[j] - dr);
+        for (int j = 0; j < lim[r]; ++j) dpr[j] = sr[j] * (dpr[j] - dr);
       }
-      gemm_nn(rows, d, n, w.dp.get(), bk, w.kf.get(), d, sh.dq_rows(part, b, h, q0), d, true);  // dQ += dS K
-      gemm_tn(n, d, rows, w.dp.get(), bk, w.q.get(), d, w.dk.get(), d);                          // dK += dSᵀ Q
+      gemm_nn(rows, d, n, w.dp.get(), bk, w.kf.get(), d, sh.dq_rows(part, b, h, q0), d, true, lim);  // dQ += dS K
+      gemm_tn(n, d, rows, w.dp.get(), bk, w.q.get(), d, w.dk.get(), d, lim);                          // dK += dSᵀ Q
     }
   }
   for (int j = 0; j < n; ++j) {

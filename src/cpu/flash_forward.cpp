@@ -29,6 +29,7 @@ using detail::AttnParams;
 struct FwdScratch {
   int bq, bk, d, dv;
   std::unique_ptr<float[]> q, kt, v, s, acc, m, l;
+  std::unique_ptr<int[]> limit;  // visible keys of each row in the current key tile
   FwdScratch(TileConfig t, int d_, int dv_)
       : bq(t.block_q), bk(t.block_k), d(d_), dv(dv_),
         q(new float[static_cast<std::size_t>(bq) * d]),
@@ -37,7 +38,8 @@ struct FwdScratch {
         s(new float[static_cast<std::size_t>(bq) * bk]),
         acc(new float[static_cast<std::size_t>(bq) * dv]),
         m(new float[static_cast<std::size_t>(bq)]),
-        l(new float[static_cast<std::size_t>(bq)]) {}
+        l(new float[static_cast<std::size_t>(bq)]),
+        limit(new int[static_cast<std::size_t>(bq)]) {}
 };
 
 template <class T>
@@ -78,6 +80,7 @@ void forward_tile(const AttnParams& p, FwdScratch& w, std::int64_t b, std::int64
     for (int r = 0; r < rows; ++r) {
       float* sr = w.s.get() + static_cast<std::int64_t>(r) * bk;
       if (needs_mask) mask_row(p, q0 + r, k0, n, sr);
+      w.limit[r] = needs_mask ? visible_in_tile(p, q0 + r, k0, n) : n;
       float mx = kNegInf;
       for (int j = 0; j < n; ++j) mx = sr[j] > mx ? sr[j] : mx;
       const float m_old = w.m[r];
@@ -98,7 +101,7 @@ void forward_tile(const AttnParams& p, FwdScratch& w, std::int64_t b, std::int64
         for (int c = 0; c < dv; ++c) ar[c] *= alpha;
       }
     }
-    gemm_nn(rows, dv, n, w.s.get(), bk, w.v.get(), dv, w.acc.get(), dv, true);
+    gemm_nn(rows, dv, n, w.s.get(), bk, w.v.get(), dv, w.acc.get(), dv, true, w.limit.get());
   }
 
   for (int r = 0; r < rows; ++r) {

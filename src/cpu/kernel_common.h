@@ -21,4 +21,9 @@ inline void mask_row(const detail::AttnParams& p, std::int64_t i, std::int64_t k
   for (std::int64_t j = hi; j < n; ++j) sr[j] = kNegInf;
 }
 
+// Number of keys of the tile [k0, k0 + n) that query row i sees, counted from the tile's start.
+inline int visible_in_tile(const detail::AttnParams& p, std::int64_t i, std::int64_t k0, int n) {
+  return static_cast<int>(std::clamp<std::int64_t>(p.key_end(i) - k0, 0, n));
+}
+
 }  // namespace flashtile::cpu

@@ -1,0 +1,124 @@
+// The dispatch report: what ran, why others were refused, strict mode, explain().
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+
+#include "support.h"
+
+namespace ft_test {
+namespace {
+
+Problem small(std::mt19937_64& rng) {
+  Case c;
+  c.sq = 9;
+  c.sk = 12;
+  c.d = c.dv = 16;
+  return Problem(c, rng);
+}
+
+TEST(Dispatch, AutoRunsCpuFlashAndSaysSo) {
+  auto rng = test_rng();
+  Problem p = small(rng);
+  const auto r = flashtile::forward(p.q.view(), p.k.view(), p.v.view(), p.out.view(), p.lse.view(), p.options());
+  EXPECT_EQ(r.ran.backend, "cpu-flash");
+  EXPECT_EQ(r.ran.kernel, "cpu_flash_fwd");
+  EXPECT_FALSE(r.ran.isa.empty());
+  EXPECT_GT(r.ran.block_q, 0);
+  EXPECT_GT(r.ran.block_k, 0);
+  EXPECT_GE(r.ran.threads, 1);
+  EXPECT_FALSE(r.fell_back);
+  // The oracle is listed with its reason, so the report accounts for every backend.
+  bool listed = false;
+  for (const auto& ref : r.refused) listed = listed || ref.backend == "cpu-reference";
+  EXPECT_TRUE(listed) << r.to_string();
+  EXPECT_EQ(flashtile::last_dispatch().ran.kernel, "cpu_flash_fwd");
+  EXPECT_NE(r.to_string().find("cpu-flash"), std::string::npos);
+}
+
+TEST(Dispatch, NamedBackendRuns) {
+  auto rng = test_rng();
+  Problem p = small(rng);
+  const auto r = flashtile::forward(p.q.view(), p.k.view(), p.v.view(), p.out.view(), p.lse.view(),
+                                    p.options("cpu-reference"));
+  EXPECT_EQ(r.ran.backend, "cpu-reference");
+  EXPECT_EQ(r.requested, "cpu-reference");
+}
+
+TEST(Dispatch, NamedBackendThatCannotRunFallsBackLoudlyOrFailsWhenStrict) {
+  // A GPU backend asked for host tensors: without strict the call runs on cpu-flash and says it fell
+  // back (with the GPU backend's reasons); with strict it is an error. Needs a build with a GPU backend.
+  const auto names = flashtile::backend_names();
+  const auto gpu = std::find_if(names.begin(), names.end(), [](const std::string& n) { return n.rfind("cuda", 0) == 0; });
+  if (gpu == names.end()) GTEST_SKIP() << "no GPU backend in this build";
+  auto rng = test_rng();
+  Problem p = small(rng);
+  flashtile::Options o = p.options(*gpu);
+  const auto r = flashtile::forward(p.q.view(), p.k.view(), p.v.view(), p.out.view(), p.lse.view(), o);
+  EXPECT_EQ(r.ran.backend, "cpu-flash");
+  EXPECT_TRUE(r.fell_back);
+  ASSERT_FALSE(r.refused.empty());
+  EXPECT_EQ(r.refused.front().backend, *gpu);
+  o.strict = true;
+  EXPECT_THROW(flashtile::forward(p.q.view(), p.k.view(), p.v.view(), p.out.view(), p.lse.view(), o),
+               flashtile::UnsupportedError);
+}
+
+TEST(Dispatch, NamedBackendWithNoFallbackIsAnErrorListingEveryReason) {
+  auto rng = test_rng();
+  Problem p = small(rng);
+  setenv("FLASHTILE_CPU_ISA", "no-such-isa", 1);
+  try {
+    flashtile::forward(p.q.view(), p.k.view(), p.v.view(), p.out.view(), p.lse.view(), p.options("cpu-flash"));
+    ADD_FAILURE() << "ran although no backend can";
+  } catch (const flashtile::UnsupportedError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("no-such-isa"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("cpu-reference"), std::string::npos) << msg;
+  }
+  unsetenv("FLASHTILE_CPU_ISA");
+}
+
+TEST(Dispatch, StrictRefusalListsTheReasons) {
+  auto rng = test_rng();
+  Problem p = small(rng);
+  setenv("FLASHTILE_CPU_ISA", "avx512", 1);
+  const auto plan = flashtile::explain_forward(p.q.view(), p.k.view(), p.v.view(), p.out.view(), p.lse.view(),
+                                               p.options());
+  if (plan.ran.backend == "cpu-flash") {
+    unsetenv("FLASHTILE_CPU_ISA");
+    GTEST_SKIP() << "this CPU runs AVX-512, so no refusal can be provoked this way";
+  }
+  EXPECT_TRUE(plan.ran.backend.empty());
+  flashtile::Options o = p.options("cpu-flash");
+  o.strict = true;
+  try {
+    flashtile::forward(p.q.view(), p.k.view(), p.v.view(), p.out.view(), p.lse.view(), o);
+    ADD_FAILURE() << "strict mode ran a backend that cannot run";
+  } catch (const flashtile::UnsupportedError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("strict"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("cpu-flash"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("avx512"), std::string::npos) << msg;
+  }
+  unsetenv("FLASHTILE_CPU_ISA");
+}
+
+TEST(Dispatch, ExplainTouchesNoData) {
+  auto rng = test_rng();
+  Problem p = small(rng);
+  p.out.fill(-7.0);
+  const auto r = flashtile::explain_backward(p.q.view(), p.k.view(), p.v.view(), p.out.view(), p.dout.view(),
+                                             p.lse.view(), p.dq.view(), p.dk.view(), p.dv.view(), p.options());
+  EXPECT_EQ(r.ran.kernel, "cpu_flash_bwd");
+  for (double x : p.out.to_double()) ASSERT_EQ(x, -7.0);
+}
+
+TEST(Dispatch, BackendNamesListEveryBackend) {
+  const auto names = flashtile::backend_names();
+  EXPECT_NE(std::find(names.begin(), names.end(), "cpu-flash"), names.end());
+  EXPECT_NE(std::find(names.begin(), names.end(), "cpu-reference"), names.end());
+}
+
+}  // namespace
+}  // namespace ft_test

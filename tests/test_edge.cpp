@@ -1,0 +1,232 @@
+// Defined behaviour at the edges: rows with no visible key, empty sizes, NaN and Inf inputs,
+// repeatability, custom scales.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "support.h"
+
+namespace ft_test {
+namespace {
+
+using flashtile::Options;
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+void run_fwd(Problem& p, const Options& o) {
+  flashtile::forward(p.q.view(), p.k.view(), p.v.view(), p.out.view(), p.lse.view(), o);
+}
+void run_bwd(Problem& p, const Options& o) {
+  flashtile::backward(p.q.view(), p.k.view(), p.v.view(), p.out.view(), p.dout.view(), p.lse.view(), p.dq.view(),
+                      p.dk.view(), p.dv.view(), o);
+}
+
+TEST(Edge, CausalRowsWithoutKeysGiveZeroOutputAndMinusInfLse) {
+  auto rng = test_rng();
+  for (DType t : {DType::float32, DType::float16, DType::bfloat16}) {
+    Case c;
+    c.sq = 70;
+    c.sk = 20;  // bottom-right aligned: rows 0..49 see no key
+    c.hq = 2;
+    c.d = c.dv = 32;
+    c.causal = true;
+    c.dtype = t;
+    Problem p(c, rng);
+    run_fwd(p, p.options());
+    run_bwd(p, p.options());
+    const auto out = p.out.to_double(), lse = p.lse.to_double(), dq = p.dq.to_double();
+    for (std::int64_t h = 0; h < c.hq; ++h)
+      for (std::int64_t i = 0; i < c.sq; ++i) {
+        const bool empty = i < c.sq - c.sk;
+        const double l = lse[static_cast<std::size_t>(h * c.sq + i)];
+        if (empty) {
+          EXPECT_EQ(l, -std::numeric_limits<double>::infinity()) << "row " << i;
+        } else {
+          EXPECT_TRUE(std::isfinite(l)) << "row " << i;
+        }
+        for (std::int64_t e = 0; e < c.dv && empty; ++e) EXPECT_EQ(out[static_cast<std::size_t>((i * c.hq + h) * c.dv + e)], 0.0);
+        for (std::int64_t e = 0; e < c.d && empty; ++e) EXPECT_EQ(dq[static_cast<std::size_t>((i * c.hq + h) * c.d + e)], 0.0);
+      }
+    for (double x : p.out.to_double()) ASSERT_FALSE(std::isnan(x));
+    for (double x : p.dk.to_double()) ASSERT_FALSE(std::isnan(x));
+  }
+}
+
+TEST(Edge, EmptySizesAreValidAndDoNothing) {
+  auto rng = test_rng();
+  for (auto [b, sq, sk] : {std::tuple{0, 5, 5}, std::tuple{2, 0, 5}, std::tuple{2, 5, 0}, std::tuple{1, 0, 0}}) {
+    Case c;
+    c.b = b;
+    c.sq = sq;
+    c.sk = sk;
+    c.d = c.dv = 16;
+    Problem p(c, rng);
+    EXPECT_NO_THROW(run_fwd(p, p.options()));
+    EXPECT_NO_THROW(run_bwd(p, p.options()));
+    if (b > 0 && sq > 0 && sk == 0) {  // no keys at all: every row is defined as empty
+      for (double x : p.out.to_double()) EXPECT_EQ(x, 0.0);
+      for (double x : p.lse.to_double()) EXPECT_EQ(x, -std::numeric_limits<double>::infinity());
+      for (double x : p.dq.to_double()) EXPECT_EQ(x, 0.0);
+    }
+  }
+}
+
+TEST(Edge, NaNInOneQueryRowStaysInThatRow) {
+  auto rng = test_rng();
+  Case c;
+  c.sq = c.sk = 40;
+  c.hq = 2;
+  c.d = c.dv = 16;
+  Problem p(c, rng);
+  p.q.set((7 * c.hq + 1) * c.d + 3, kNaN);  // row 7, head 1
+  run_fwd(p, p.options());
+  const auto out = p.out.to_double();
+  for (std::int64_t i = 0; i < c.sq; ++i)
+    for (std::int64_t h = 0; h < c.hq; ++h) {
+      const bool hit = i == 7 && h == 1;
+      for (std::int64_t e = 0; e < c.dv; ++e)
+        EXPECT_EQ(std::isnan(out[static_cast<std::size_t>((i * c.hq + h) * c.dv + e)]), hit) << i << "," << h;
+    }
+  EXPECT_TRUE(std::isnan(p.lse.to_double()[static_cast<std::size_t>(1 * c.sq + 7)]));
+}
+
+TEST(Edge, NaNInAKeyReachesExactlyTheRowsThatSeeIt) {
+  auto rng = test_rng();
+  for (DType t : {DType::float32, DType::bfloat16}) {
+    Case c;
+    c.sq = c.sk = 100;
+    c.d = c.dv = 24;
+    c.causal = true;
+    c.dtype = t;
+    Problem p(c, rng);
+    const std::int64_t bad = 60;
+    p.k.set(bad * c.d + 5, kNaN);
+    run_fwd(p, p.options());
+    run_bwd(p, p.options());
+    const auto out = p.out.to_double(), dq = p.dq.to_double(), dk = p.dk.to_double();
+    for (std::int64_t i = 0; i < c.sq; ++i) {
+      EXPECT_EQ(std::isnan(out[static_cast<std::size_t>(i * c.dv)]), i >= bad) << "out row " << i;
+      EXPECT_EQ(std::isnan(dq[static_cast<std::size_t>(i * c.d)]), i >= bad) << "dq row " << i;
+    }
+    // Keys before `bad` are seen by rows that also see the NaN key, so their gradients are NaN too;
+    // keys after it are seen only by rows >= bad as well. No crash, no silent finite garbage:
+    EXPECT_TRUE(std::isnan(dk[static_cast<std::size_t>(bad * c.d)]));
+  }
+}
+
+TEST(Edge, NaNInAValueOrGradientRowReachesOnlyRowsThatSeeIt) {
+  auto rng = test_rng();
+  Case c;
+  c.sq = c.sk = 100;
+  c.d = c.dv = 24;
+  c.causal = true;
+  Problem p(c, rng);
+  const std::int64_t bad = 60;
+  p.v.set(bad * c.dv + 2, kNaN);     // value row 60: rows >= 60 see it
+  p.dout.set(30 * c.dv + 1, kNaN);   // gradient of query row 30: keys <= 30 are seen by it
+  run_fwd(p, p.options());
+  run_bwd(p, p.options());
+  const auto out = p.out.to_double(), dv = p.dv.to_double();
+  for (std::int64_t i = 0; i < c.sq; ++i) EXPECT_EQ(std::isnan(out[static_cast<std::size_t>(i * c.dv + 2)]), i >= bad) << i;
+  for (std::int64_t j = 0; j < c.sk; ++j) EXPECT_EQ(std::isnan(dv[static_cast<std::size_t>(j * c.dv + 1)]), j <= 30) << j;
+}
+
+TEST(Edge, InfiniteInputGivesNaNNotGarbage) {
+  auto rng = test_rng();
+  Case c;
+  c.sq = c.sk = 16;
+  c.d = c.dv = 8;
+  Problem p(c, rng);
+  for (std::int64_t e = 0; e < c.d; ++e) p.q.set(3 * c.d + e, std::numeric_limits<double>::infinity());
+  run_fwd(p, p.options());
+  const auto out = p.out.to_double();
+  EXPECT_TRUE(std::isnan(out[static_cast<std::size_t>(3 * c.dv)]));
+  EXPECT_FALSE(std::isnan(out[static_cast<std::size_t>(4 * c.dv)]));
+}
+
+TEST(Edge, RepeatedCallsAreBitwiseIdentical) {
+  auto rng = test_rng();
+  Case c;
+  c.sq = 150;
+  c.sk = 190;
+  c.hq = 4;
+  c.hkv = 2;
+  c.d = c.dv = 64;
+  c.causal = true;
+  c.dtype = DType::bfloat16;
+  Problem p(c, rng);
+  run_fwd(p, p.options());
+  run_bwd(p, p.options());
+  const auto out = p.out.to_double(), lse = p.lse.to_double(), dq = p.dq.to_double(), dk = p.dk.to_double(),
+             dv = p.dv.to_double();
+  for (int rep = 0; rep < 3; ++rep) {
+    p.out.fill(kNaN);
+    p.dq.fill(kNaN);
+    p.dk.fill(kNaN);
+    p.dv.fill(kNaN);
+    run_fwd(p, p.options());
+    run_bwd(p, p.options());
+    EXPECT_EQ(p.out.to_double(), out);
+    EXPECT_EQ(p.lse.to_double(), lse);
+    EXPECT_EQ(p.dq.to_double(), dq);
+    EXPECT_EQ(p.dk.to_double(), dk);
+    EXPECT_EQ(p.dv.to_double(), dv);
+  }
+}
+
+TEST(Edge, SoftmaxScaleIsHonoured) {
+  auto rng = test_rng();
+  Case c;
+  c.sq = c.sk = 33;
+  c.d = c.dv = 16;
+  Problem p(c, rng);
+  Options o = p.options();
+  o.softmax_scale = 0.9f;
+  run_fwd(p, o);
+  const auto ref = flashtile::reference::forward(p.q.view(), p.k.view(), p.v.view(), o);
+  EXPECT_LE(max_abs_error(p.out.to_double(), ref.out), 1e-5);
+  o.softmax_scale = 0.25f;  // a different scale must change the result
+  const auto other = flashtile::reference::forward(p.q.view(), p.k.view(), p.v.view(), o);
+  EXPECT_GT(max_abs_error(p.out.to_double(), other.out), 1e-3);
+}
+
+TEST(Edge, EveryIsaPathThisCpuRunsAgreesWithTheOracle) {
+  auto rng = test_rng();
+  Case c;
+  c.sq = 77;
+  c.sk = 91;
+  c.hq = 4;
+  c.hkv = 2;
+  c.d = c.dv = 40;
+  c.causal = true;
+  c.dtype = DType::float16;
+  Problem p(c, rng);
+  const Results ref = oracle(p, true);
+  const Results std_attn = standard_attention(p, true);
+  const char* saved = std::getenv("FLASHTILE_CPU_ISA");
+  const std::string restore = saved ? saved : "";
+  for (const char* isa : {"scalar", "avx2", "avx512"}) {
+    setenv("FLASHTILE_CPU_ISA", isa, 1);
+    const auto plan = flashtile::explain_forward(p.q.view(), p.k.view(), p.v.view(), p.out.view(), p.lse.view(),
+                                                 p.options());
+    if (plan.ran.backend != "cpu-flash") continue;  // this CPU cannot execute that path
+    EXPECT_EQ(plan.ran.isa, isa);
+    p.out.fill(kNaN);
+    run_fwd(p, p.options());
+    run_bwd(p, p.options());
+    SCOPED_TRACE(isa);
+    expect_close("out", p.out.to_double(), std_attn.out, ref.out, c.dtype);
+    const double mag = std::max({max_abs(ref.dq), max_abs(ref.dk), max_abs(ref.dv)});
+    expect_close("dq", p.dq.to_double(), std_attn.dq, ref.dq, c.dtype, mag);
+    expect_close("dk", p.dk.to_double(), std_attn.dk, ref.dk, c.dtype, mag);
+  }
+  if (restore.empty()) {
+    unsetenv("FLASHTILE_CPU_ISA");
+  } else {
+    setenv("FLASHTILE_CPU_ISA", restore.c_str(), 1);
+  }
+}
+
+}  // namespace
+}  // namespace ft_test
