@@ -38,4 +38,9 @@ const DispatchReport& last_dispatch();
 // Names of every backend compiled into this build, in auto-dispatch priority order.
 std::vector<std::string> backend_names();
 
+// CPU kernel paths ("scalar", "avx2", "avx512") this build has and this CPU can execute, and the one
+// cpu-flash uses now (the best, or FLASHTILE_CPU_ISA's choice).
+std::vector<std::string> cpu_isa_paths();
+std::string cpu_isa_selected();
+
 }  // namespace flashtile

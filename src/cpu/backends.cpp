@@ -108,3 +108,15 @@ void register_cpu_backends(std::vector<std::unique_ptr<Backend>>& out) {
 }
 
 }  // namespace flashtile::detail
+
+namespace flashtile {
+
+std::vector<std::string> cpu_isa_paths() {
+  std::vector<std::string> out;
+  for (std::string_view isa : cpu::runnable_isas()) out.emplace_back(isa);
+  return out;
+}
+
+std::string cpu_isa_selected() { return std::string(cpu::select_kernels().isa); }
+
+}  // namespace flashtile

@@ -1,0 +1,12 @@
+#pragma once
+
+#include "args.h"
+
+namespace flashtile::app {
+
+int run_demo();
+int run_info();
+int run_check(const Args& a);
+int run_bench(const Args& a);
+
+}  // namespace flashtile::app
