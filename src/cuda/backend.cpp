@@ -1,0 +1,316 @@
+// The CUDA backend "cuda-sm80": FlashAttention forward and backward with mma.sync tensor-core tiles, for
+// every GPU of compute capability >= 8.0 (A100, RTX 30/40, H100/H200). Registered first, so auto picks it
+// for CUDA tensors. can_run() is a list of small named checks; plan() reports the tile-table entry.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <mutex>
+#include <sstream>
+#include <vector>
+
+#include "core/backend.h"
+#include "flashtile/errors.h"
+#include "kernel_switch.h"
+#include "sm80/tile_table.h"
+
+namespace flashtile::detail {
+namespace {
+
+using cuda::Elem;
+namespace sm80 = cuda::sm80;
+
+constexpr const char* kName = "cuda-sm80";
+
+[[noreturn]] void fail(const char* what, cudaError_t e) {
+  std::ostringstream s;
+  s << kName << ": " << what << " failed: " << cudaGetErrorName(e) << ": " << cudaGetErrorString(e);
+  throw BackendError(s.str());
+}
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fail(what, e);
+}
+
+struct Gpu {
+  int major = 0, minor = 0;
+  int smem_optin = 0;  // bytes of shared memory a block may opt into
+  std::string name;
+};
+
+struct Gpus {
+  cudaError_t error = cudaSuccess;
+  std::vector<Gpu> list;
+};
+
+const Gpus& gpus() {
+  static const Gpus g = [] {
+    Gpus r;
+    int n = 0;
+    r.error = cudaGetDeviceCount(&n);
+    if (r.error != cudaSuccess) {
+      (void)cudaGetLastError();
+      return r;
+    }
+    for (int i = 0; i < n; ++i) {
+      cudaDeviceProp prop{};
+      if (cudaGetDeviceProperties(&prop, i) != cudaSuccess) {
+        (void)cudaGetLastError();
+        continue;
+      }
+      r.list.push_back({prop.major, prop.minor, static_cast<int>(prop.sharedMemPerBlockOptin), prop.name});
+    }
+    return r;
+  }();
+  return g;
+}
+
+// Sets the current device for the scope of a call and restores the caller's.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int index) {
+    check(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != index) check(cudaSetDevice(index), "cudaSetDevice");
+  }
+  ~DeviceGuard() { (void)cudaSetDevice(previous_); }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+int bucket_of(const AttnParams& p) {
+  return sm80::hdim_bucket(static_cast<int>(std::max(p.hdim, p.hdim_v)));
+}
+Elem elem_of(DType t) { return t == DType::float16 ? Elem::fp16 : Elem::bf16; }
+const char* elem_name(Elem e) { return e == Elem::fp16 ? "fp16" : "bf16"; }
+
+struct Operand {
+  const char* name;
+  const void* ptr;
+  const Strides* stride;  // null for lse (read/written one float at a time)
+};
+
+std::vector<Operand> operands(const AttnParams& p) {
+  std::vector<Operand> v = {{"q", p.q, &p.q_stride}, {"k", p.k, &p.k_stride}, {"v", p.v, &p.v_stride},
+                            {"out", p.out, &p.out_stride}, {"lse", p.lse, nullptr}};
+  if (p.is_backward()) {
+    v.push_back({"dout", p.dout, &p.dout_stride});
+    v.push_back({"dq", p.dq, &p.dq_stride});
+    v.push_back({"dk", p.dk, &p.dk_stride});
+    v.push_back({"dv", p.dv, &p.dv_stride});
+  }
+  return v;
+}
+
+// Each pointer must be device memory of the tensors' device (managed memory is accepted).
+void check_pointers(const AttnParams& p, Reasons& why) {
+  for (const Operand& o : operands(p)) {
+    if (o.ptr == nullptr) continue;
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, o.ptr) != cudaSuccess) {
+      (void)cudaGetLastError();
+      why.push_back(std::string("device: ") + o.name + " is not CUDA memory (cudaPointerGetAttributes failed)");
+      return;
+    }
+    if (a.type == cudaMemoryTypeManaged) continue;
+    if (a.type != cudaMemoryTypeDevice) {
+      why.push_back(std::string("device: ") + o.name + " points to host memory; tensors declared cuda:" +
+                    std::to_string(p.device_index) + " must hold device pointers");
+      return;
+    }
+    if (a.device != p.device_index) {
+      why.push_back(std::string("device: ") + o.name + " is memory of cuda:" + std::to_string(a.device) +
+                    ", tensors declared cuda:" + std::to_string(p.device_index));
+      return;
+    }
+  }
+}
+
+void check_alignment(const AttnParams& p, Reasons& why) {
+  for (const Operand& o : operands(p)) {
+    if (o.stride == nullptr || o.ptr == nullptr) continue;
+    if (reinterpret_cast<std::uintptr_t>(o.ptr) % 16 != 0)
+      why.push_back(std::string("alignment: ") + o.name + " is not 16-byte aligned (cp.async and 16-byte stores)");
+    const Strides& s = *o.stride;
+    if (s.batch % 8 != 0 || s.row % 8 != 0 || s.head % 8 != 0) {
+      std::ostringstream m;
+      m << "strides: " << o.name << " strides (batch, seq, head) = (" << s.batch << ", " << s.row << ", " << s.head
+        << ") must be multiples of 8 elements (16-byte rows)";
+      why.push_back(m.str());
+    }
+  }
+}
+
+class CudaSm80 final : public Backend {
+ public:
+  std::string name() const override { return kName; }
+
+  Reasons can_run(const AttnParams& p) const override {
+    Reasons why;
+    if (p.device != Device::cuda) {
+      why.push_back(std::string("device: tensors are on ") + std::string(device_name(p.device)) + ":" +
+                    std::to_string(p.device_index) + "; " + kName + " runs on CUDA devices");
+      return why;
+    }
+    const Gpus& g = gpus();
+    if (g.error != cudaSuccess || g.list.empty()) {
+      why.push_back(std::string("no CUDA device: ") +
+                    (g.error != cudaSuccess ? cudaGetErrorString(g.error) : "cudaGetDeviceCount returned 0"));
+      return why;
+    }
+    if (p.device_index < 0 || p.device_index >= static_cast<int>(g.list.size())) {
+      why.push_back("device: cuda:" + std::to_string(p.device_index) + " does not exist (" +
+                    std::to_string(g.list.size()) + " devices)");
+      return why;
+    }
+    check_pointers(p, why);
+    const Gpu& gpu = g.list[static_cast<std::size_t>(p.device_index)];
+    if (gpu.major < 8)
+      why.push_back("compute capability " + std::to_string(gpu.major) + "." + std::to_string(gpu.minor) + " of " +
+                    gpu.name + " < 8.0 (mma.sync m16n8k16 bf16, cp.async)");
+    if (p.dtype == DType::float32)
+      why.push_back("dtype float32 is not supported (float16 and bfloat16 only; cpu-flash runs float32)");
+    const std::int64_t dmax = std::max(p.hdim, p.hdim_v);
+    if (p.hdim % 8 != 0 || p.hdim_v % 8 != 0)
+      why.push_back("head dim D = " + std::to_string(p.hdim) + ", Dv = " + std::to_string(p.hdim_v) +
+                    ": both must be multiples of 8 (16-byte rows)");
+    if (dmax > 256) why.push_back("head dim " + std::to_string(dmax) + " > 256 (largest bucket)");
+    if (!(p.softmax_scale > 0.f))
+      why.push_back("softmax_scale = " + std::to_string(p.softmax_scale) +
+                    " <= 0 is not supported (the online softmax folds the scale into the running max)");
+    if (p.seqlen_q > INT_MAX / 2 || p.seqlen_k > INT_MAX / 2 || p.batch > 65535 || p.heads_q > 65535)
+      why.push_back("sizes: seqlen must be < 2^30 and batch, heads <= 65535 (grid limits)");
+    check_alignment(p, why);
+    const int bucket = dmax <= 256 ? bucket_of(p) : 0;
+    if (bucket != 0 && p.dtype != DType::float32) {
+      if (!cuda::kernel_built(elem_of(p.dtype), bucket))
+        why.push_back(std::string("kernel not built in this build: ") + elem_name(elem_of(p.dtype)) + " hdim " +
+                      std::to_string(bucket) + " (FLASHTILE_CUDA_KERNELS built: " + cuda::built_kernels() + ")");
+      const int smem = p.is_backward() ? sm80::bwd_smem_bytes(bucket) : sm80::fwd_smem_bytes(bucket);
+      if (smem > gpu.smem_optin)
+        why.push_back("shared memory: the hdim " + std::to_string(bucket) + " kernel needs " + std::to_string(smem) +
+                      " bytes per block, " + gpu.name + " allows " + std::to_string(gpu.smem_optin));
+    }
+    return why;
+  }
+
+  KernelInfo plan(const AttnParams& p) const override {
+    const int bucket = bucket_of(p);
+    const Elem e = elem_of(p.dtype);
+    KernelInfo k;
+    k.backend = kName;
+    k.kernel = std::string("sm80_") + (p.is_backward() ? "bwd_" : "fwd_") + elem_name(e) + "_hdim" +
+               std::to_string(bucket) + (p.causal ? "_causal" : "_nomask");
+    const Gpus& g = gpus();
+    std::string arch = "sm_80 path";
+    if (p.device_index >= 0 && p.device_index < static_cast<int>(g.list.size())) {
+      const Gpu& gpu = g.list[static_cast<std::size_t>(p.device_index)];
+      arch = "sm_" + std::to_string(gpu.major) + std::to_string(gpu.minor);
+    }
+    k.isa = arch + " mma.sync.m16n8k16";
+    std::ostringstream d;
+    if (!p.is_backward()) {
+      const sm80::FwdTile t = sm80::fwd_tile(bucket);
+      k.block_q = t.block_m;
+      k.block_k = t.block_n;
+      k.threads = t.warps * 32;
+      d << "hdim_bucket=" << bucket << " warps=" << t.warps << " (split along query rows)"
+        << " stages=2 (K and V buffers, cp.async) smem=" << sm80::fwd_smem_bytes(bucket) << "B";
+    } else {
+      const sm80::BwdTile t = sm80::bwd_tile(bucket);
+      k.block_q = t.block_m;
+      k.block_k = t.block_n;
+      k.threads = t.warps * 32;
+      d << "hdim_bucket=" << bucket << " warps=" << t.warps << " (S/dP " << t.atom_m_sdp << "x"
+        << t.warps / t.atom_m_sdp << ", dK/dV " << t.atom_n_dkv << "x" << t.warps / t.atom_n_dkv << ", dQ "
+        << t.atom_m_dq << "x" << t.warps / t.atom_m_dq << ") q_stages=" << t.stages_q
+        << " smem=" << sm80::bwd_smem_bytes(bucket) << "B dq=fp32 atomics"
+        << (p.deterministic ? " (deterministic: ordered by key block)" : "");
+    }
+    d << " dtype=" << dtype_name(p.dtype) << " accumulate=float32";
+    k.detail = d.str();
+    return k;
+  }
+
+  void run(const AttnParams& p) const override {
+    DeviceGuard guard(p.device_index);
+    (void)cudaGetLastError();  // a stale error of an earlier, unrelated launch is not ours to report
+    const int bucket = bucket_of(p);
+    const Elem e = elem_of(p.dtype);
+    cudaStream_t stream = nullptr;  // the legacy default stream, which PyTorch's default stream is too
+    if (!p.is_backward()) {
+      cuda::FwdParams f;
+      fill(p, f);
+      check(cuda::launch_fwd(e, bucket, p.causal, f, stream), "forward kernel launch");
+      return;
+    }
+    cuda::BwdParams b;
+    fill(p, b);
+    const sm80::BwdTile t = sm80::bwd_tile(bucket);
+    b.dout = p.dout;
+    b.dq = p.dq;
+    b.dk = p.dk;
+    b.dv = p.dv;
+    b.dout_stride = bshd(p.dout_stride);
+    b.dq_stride = bshd(p.dq_stride);
+    b.dk_stride = bshd(p.dk_stride);
+    b.dv_stride = bshd(p.dv_stride);
+    b.seqlen_q_pad = static_cast<int>((p.seqlen_q + t.block_m - 1) / t.block_m * t.block_m);
+    b.hdim_pad = bucket;
+    b.deterministic = p.deterministic;
+    // Workspace: dq_accum [B, Hq, Sq_pad, bucket] fp32, dsum and lse_log2 [B, Hq, Sq_pad], counters.
+    const std::size_t rows = static_cast<std::size_t>(p.batch * p.heads_q) * static_cast<std::size_t>(b.seqlen_q_pad);
+    auto round = [](std::size_t x) { return (x + 255) / 256 * 256; };
+    const std::size_t bytes_dq = round(rows * static_cast<std::size_t>(bucket) * 4), bytes_row = round(rows * 4);
+    const std::size_t bytes_sem = p.deterministic ? round(rows / static_cast<std::size_t>(t.block_m) * 4) : 0;
+    void* ws = nullptr;
+    check(cudaMallocAsync(&ws, bytes_dq + 2 * bytes_row + bytes_sem, stream), "cudaMallocAsync (backward workspace)");
+    char* base = static_cast<char*>(ws);
+    b.dq_accum = reinterpret_cast<float*>(base);
+    b.dsum = reinterpret_cast<float*>(base + bytes_dq);
+    b.lse_log2 = reinterpret_cast<float*>(base + bytes_dq + bytes_row);
+    b.dq_semaphore = p.deterministic ? reinterpret_cast<int*>(base + bytes_dq + 2 * bytes_row) : nullptr;
+    const cudaError_t err = cuda::launch_bwd(e, bucket, p.causal, b, stream);
+    const cudaError_t free_err = cudaFreeAsync(ws, stream);
+    check(err, "backward kernel launch");
+    check(free_err, "cudaFreeAsync (backward workspace)");
+  }
+
+ private:
+  static cuda::BshdStrides bshd(const Strides& s) { return {s.batch, s.row, s.head}; }
+  static void fill(const AttnParams& p, cuda::FwdParams& f) {
+    f.q = p.q;
+    f.k = p.k;
+    f.v = p.v;
+    f.out = p.out;
+    f.lse = p.lse;
+    f.q_stride = bshd(p.q_stride);
+    f.k_stride = bshd(p.k_stride);
+    f.v_stride = bshd(p.v_stride);
+    f.out_stride = bshd(p.out_stride);
+    f.lse_batch = p.lse_stride.batch;
+    f.lse_head = p.lse_stride.head;
+    f.lse_row = p.lse_stride.row;
+    f.batch = static_cast<int>(p.batch);
+    f.seqlen_q = static_cast<int>(p.seqlen_q);
+    f.seqlen_k = static_cast<int>(p.seqlen_k);
+    f.heads_q = static_cast<int>(p.heads_q);
+    f.heads_kv = static_cast<int>(p.heads_kv);
+    f.group = static_cast<int>(p.group());
+    f.hdim = static_cast<int>(p.hdim);
+    f.hdim_v = static_cast<int>(p.hdim_v);
+    f.scale = p.softmax_scale;
+    f.scale_log2 = p.softmax_scale * 1.4426950408889634f;
+  }
+};
+
+}  // namespace
+
+void register_cuda_backends(std::vector<std::unique_ptr<Backend>>& out) {
+  out.push_back(std::make_unique<CudaSm80>());
+}
+
+}  // namespace flashtile::detail

@@ -1,0 +1,69 @@
+// The online softmax of the forward pass, in registers, over accumulator tiles in (row, col) view.
+// Scores stay unscaled in the accumulator; one FFMA per score applies softmax_scale * log2(e) and subtracts
+// the running max before ex2 (requires softmax_scale > 0, which can_run checks).
+#pragma once
+
+#include "common/cute_utils.h"
+
+namespace flashtile::cuda {
+
+template <int kRows>
+struct OnlineSoftmax {
+  float row_max[kRows];
+  float row_sum[kRows];  // this thread's partial sum; the quad reduction happens once, in finalize()
+
+  CUTE_DEVICE OnlineSoftmax() {
+    CUTE_UNROLL
+    for (int i = 0; i < kRows; ++i) {
+      row_max[i] = -INFINITY;
+      row_sum[i] = 0.f;
+    }
+  }
+
+  // Folds one score tile into the running state: scores (rows x cols) become P = exp(scale * s - max) and
+  // the output accumulator is rescaled by exp(scale * (old max - new max)). kFirst skips the rescale.
+  template <bool kFirst, class S, class O>
+  CUTE_DEVICE void update(S& s, O& acc_o, float scale_log2) {
+    static_assert(decltype(size<0>(s))::value == kRows);
+    CUTE_UNROLL
+    for (int mi = 0; mi < kRows; ++mi) {
+      float m = row_max[mi];
+      CUTE_UNROLL
+      for (int ni = 0; ni < size<1>(s); ++ni) m = fmaxf(m, s(mi, ni));
+      m = quad_max(m);
+      // A row that has seen no visible key keeps max = -inf; use 0 so that -inf - max stays -inf.
+      const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
+      if constexpr (!kFirst) {
+        const float alpha = ex2(row_max[mi] * scale_log2 - m_scaled);  // ex2(-inf) = 0 on the first visible tile
+        row_sum[mi] *= alpha;
+        CUTE_UNROLL
+        for (int di = 0; di < size<1>(acc_o); ++di) acc_o(mi, di) *= alpha;
+      }
+      row_max[mi] = m;
+      float sum = 0.f;
+      CUTE_UNROLL
+      for (int ni = 0; ni < size<1>(s); ++ni) {
+        const float p = ex2(s(mi, ni) * scale_log2 - m_scaled);
+        s(mi, ni) = p;
+        sum += p;
+      }
+      row_sum[mi] += sum;
+    }
+  }
+
+  // O = acc / l and LSE = max * scale + ln(l); a row with no visible key gets O = 0 and LSE = -inf.
+  template <class O>
+  CUTE_DEVICE void finalize(O& acc_o, float scale, float (&lse)[kRows]) {
+    CUTE_UNROLL
+    for (int mi = 0; mi < kRows; ++mi) {
+      const float l = quad_sum(row_sum[mi]);
+      const bool empty = l == 0.f || l != l;
+      const float inv = empty ? 0.f : 1.f / l;
+      lse[mi] = empty ? -INFINITY : row_max[mi] * scale + logf(l);
+      CUTE_UNROLL
+      for (int di = 0; di < size<1>(acc_o); ++di) acc_o(mi, di) *= inv;
+    }
+  }
+};
+
+}  // namespace flashtile::cuda

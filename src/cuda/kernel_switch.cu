@@ -1,0 +1,62 @@
+// See kernel_switch.h. FT_CUDA_INSTANCES(X) comes from the generated flashtile_cuda_instances.h and lists
+// X(dtype, hdim) for every (dtype, bucket) this build compiled; nothing else is referenced, so a subset
+// build links.
+#include <cutlass/numeric_types.h>
+
+#include "flashtile_cuda_instances.h"
+#include "kernel_switch.h"
+#include "sm80/launch.h"
+
+namespace flashtile::cuda {
+namespace {
+
+template <Elem E>
+struct ElementOf;
+template <>
+struct ElementOf<Elem::fp16> {
+  using type = cutlass::half_t;
+};
+template <>
+struct ElementOf<Elem::bf16> {
+  using type = cutlass::bfloat16_t;
+};
+
+}  // namespace
+
+#define FT_X_BUILT(dt, d) \
+  if (dtype == Elem::dt && hdim_bucket == d) return true;
+bool kernel_built(Elem dtype, int hdim_bucket) {
+  FT_CUDA_INSTANCES(FT_X_BUILT)
+  return false;
+}
+#undef FT_X_BUILT
+
+#define FT_STR2(x) #x
+#define FT_STR(x) FT_STR2(x)
+#define FT_X_NAME(dt, d) #dt ":" #d " "
+const char* built_kernels() { return "" FT_CUDA_INSTANCES(FT_X_NAME); }
+#undef FT_X_NAME
+
+#define FT_X_FWD(dt, d)                                                                                \
+  if (dtype == Elem::dt && hdim_bucket == d) {                                                         \
+    using T = ElementOf<Elem::dt>::type;                                                               \
+    return causal ? sm80::run_fwd<T, d, CausalMask>(p, stream) : sm80::run_fwd<T, d, NoMask>(p, stream); \
+  }
+cudaError_t launch_fwd(Elem dtype, int hdim_bucket, bool causal, const FwdParams& p, cudaStream_t stream) {
+  FT_CUDA_INSTANCES(FT_X_FWD)
+  return cudaErrorNotSupported;
+}
+#undef FT_X_FWD
+
+#define FT_X_BWD(dt, d)                                                                                \
+  if (dtype == Elem::dt && hdim_bucket == d) {                                                         \
+    using T = ElementOf<Elem::dt>::type;                                                               \
+    return causal ? sm80::run_bwd<T, d, CausalMask>(p, stream) : sm80::run_bwd<T, d, NoMask>(p, stream); \
+  }
+cudaError_t launch_bwd(Elem dtype, int hdim_bucket, bool causal, const BwdParams& p, cudaStream_t stream) {
+  FT_CUDA_INSTANCES(FT_X_BWD)
+  return cudaErrorNotSupported;
+}
+#undef FT_X_BWD
+
+}  // namespace flashtile::cuda

@@ -1,0 +1,173 @@
+// Dispatch around the CUDA backend: auto picks cuda-sm80 for device tensors and reports the instantiation;
+// refusals carry reasons; host pointers given to the CUDA backend and device pointers given to the CPU
+// backends are errors, not crashes; rows that see no key give O = 0 and LSE = -inf.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "device.h"
+#include "support.h"
+
+namespace ft_gpu {
+namespace {
+
+using ft_test::Case;
+using ft_test::DType;
+
+Case small_case(std::int64_t d = 64) {
+  Case c;
+  c.sq = 33;
+  c.sk = 47;
+  c.hq = 4;
+  c.hkv = 2;
+  c.d = c.dv = d;
+  c.dtype = DType::bfloat16;
+  return c;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const flashtile::Error& e) {
+    return e.what();
+  }
+  return {};
+}
+
+TEST(GpuDispatch, RegisteredFirst) {
+  const auto names = flashtile::backend_names();
+  ASSERT_FALSE(names.empty());
+  EXPECT_EQ(names.front(), "cuda-sm80");
+}
+
+TEST(GpuDispatch, AutoPicksCudaAndReportsTiles) {
+  FT_REQUIRE_GPU();
+  auto rng = ft_test::test_rng();
+  ft_test::Problem p(small_case(), rng);
+  DevProblem d(p);
+  if (const std::string why = refusal(d, p.c); !why.empty()) GTEST_SKIP() << why;
+  flashtile::Options o;
+  const auto r = flashtile::forward(d.q.view(), d.k.view(), d.v.view(), d.out.view(), d.lse.view(), o);
+  FT_CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(r.ran.backend, "cuda-sm80");
+  EXPECT_GT(r.ran.block_q, 0);
+  EXPECT_GT(r.ran.block_k, 0);
+  EXPECT_GT(r.ran.threads, 0);
+  EXPECT_NE(r.ran.detail.find("hdim_bucket=64"), std::string::npos) << r.to_string();
+  std::cout << r.to_string() << "\n";
+}
+
+TEST(GpuDispatch, HostPointersRefusedByCuda) {
+  FT_REQUIRE_GPU();
+  auto rng = ft_test::test_rng();
+  ft_test::Problem p(small_case(), rng);
+  auto as_cuda = [](flashtile::TensorView v) {
+    v.device = flashtile::Device::cuda;
+    return v;
+  };
+  const std::string err = error_of([&] {
+    flashtile::forward(as_cuda(p.q.view()), as_cuda(p.k.view()), as_cuda(p.v.view()), as_cuda(p.out.view()),
+                       as_cuda(p.lse.view()), {});
+  });
+  EXPECT_NE(err.find("host memory"), std::string::npos) << err;
+}
+
+TEST(GpuDispatch, DevicePointersRefusedByCpu) {
+  FT_REQUIRE_GPU();
+  auto rng = ft_test::test_rng();
+  ft_test::Problem p(small_case(), rng);
+  DevProblem d(p);
+  auto as_cpu = [](flashtile::TensorView v) {
+    v.device = flashtile::Device::cpu;
+    return v;
+  };
+  for (const char* backend : {"cpu-flash", "cpu-reference", "auto"}) {
+    flashtile::Options o;
+    o.backend = backend;
+    const std::string err = error_of([&] {
+      flashtile::forward(as_cpu(d.q.view()), as_cpu(d.k.view()), as_cpu(d.v.view()), as_cpu(d.out.view()),
+                         as_cpu(d.lse.view()), o);
+    });
+    EXPECT_NE(err.find("device"), std::string::npos) << backend << ": " << err;
+  }
+}
+
+TEST(GpuDispatch, RefusalReasons) {
+  FT_REQUIRE_GPU();
+  auto rng = ft_test::test_rng();
+  flashtile::Options strict;
+  strict.backend = "cuda-sm80";
+  strict.strict = true;
+  {  // float32
+    Case c = small_case();
+    c.dtype = DType::float32;
+    ft_test::Problem p(c, rng);
+    DevProblem d(p);
+    const std::string err = error_of([&] {
+      flashtile::forward(d.q.view(), d.k.view(), d.v.view(), d.out.view(), d.lse.view(), strict);
+    });
+    EXPECT_NE(err.find("float32"), std::string::npos) << err;
+  }
+  {  // head dim not a multiple of 8
+    ft_test::Problem p(small_case(36), rng);
+    DevProblem d(p);
+    const std::string err = error_of([&] {
+      flashtile::forward(d.q.view(), d.k.view(), d.v.view(), d.out.view(), d.lse.view(), strict);
+    });
+    EXPECT_NE(err.find("multiples of 8"), std::string::npos) << err;
+  }
+  {  // misaligned base pointer (one element in)
+    ft_test::Problem p(small_case(), rng);
+    DevProblem d(p);
+    flashtile::TensorView q = d.q.view();
+    q.shape[1] -= 1;
+    flashtile::TensorView out = d.out.view();
+    out.shape[1] -= 1;
+    flashtile::TensorView lse = d.lse.view();
+    lse.shape[2] -= 1;
+    q.data = static_cast<char*>(q.data) + 2;
+    const std::string err = error_of([&] {
+      flashtile::forward(q, d.k.view(), d.v.view(), out, lse, strict);
+    });
+    EXPECT_NE(err.find("aligned"), std::string::npos) << err;
+  }
+}
+
+TEST(GpuDispatch, RowsWithoutKeys) {
+  FT_REQUIRE_GPU();
+  auto rng = ft_test::test_rng();
+  Case c = small_case();
+  c.sq = 150;  // causal with Sq > Sk: the first 100 rows see no key (bottom-right alignment)
+  c.sk = 50;
+  c.causal = true;
+  ft_test::Problem p(c, rng);
+  DevProblem d(p);
+  if (const std::string why = refusal(d, p.c); !why.empty()) GTEST_SKIP() << why;
+  flashtile::forward(d.q.view(), d.k.view(), d.v.view(), d.out.view(), d.lse.view(), cuda_options(c));
+  FT_CUDA_OK(cudaDeviceSynchronize());
+  d.out.download(p.out);
+  d.lse.download(p.lse);
+  const auto out = p.out.to_double(), lse = p.lse.to_double();
+  for (std::int64_t i = 0; i < c.sq; ++i)
+    for (std::int64_t h = 0; h < c.hq; ++h) {
+      const double l = lse[static_cast<std::size_t>(h * c.sq + i)];
+      if (i < c.sq - c.sk) {
+        EXPECT_TRUE(std::isinf(l) && l < 0) << "row " << i << " lse " << l;
+        for (std::int64_t e = 0; e < c.dv; ++e)
+          ASSERT_EQ(out[static_cast<std::size_t>((i * c.hq + h) * c.dv + e)], 0.0) << "row " << i;
+      } else {
+        EXPECT_TRUE(std::isfinite(l)) << "row " << i;
+      }
+    }
+  // Backward: no NaN anywhere, dq = 0 on the rows without keys.
+  flashtile::backward(d.q.view(), d.k.view(), d.v.view(), d.out.view(), d.dout.view(), d.lse.view(), d.dq.view(),
+                      d.dk.view(), d.dv.view(), cuda_options(c));
+  FT_CUDA_OK(cudaDeviceSynchronize());
+  d.dq.download(p.dq);
+  const auto dq = p.dq.to_double();
+  for (std::size_t i = 0; i < dq.size(); ++i) ASSERT_FALSE(std::isnan(dq[i])) << "dq element " << i;
+  EXPECT_EQ(dq[0], 0.0);
+}
+
+}  // namespace
+}  // namespace ft_gpu
