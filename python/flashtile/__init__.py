@@ -1,0 +1,49 @@
+"""FlashTile: exact FlashAttention (tiled forward with online softmax, backward by recomputation).
+
+    import flashtile
+    out = flashtile.flash_attn_func(q, k, v, causal=True)      # q (B, Sq, Hq, D), numpy or torch
+    print(flashtile.last_dispatch())                           # which kernel ran, and why not others
+
+Tensors cross into the C++ library through DLPack without copies. torch tensors go through the
+torch.library ops flashtile::fwd / flashtile::bwd (autograd, torch.compile); torch is optional.
+"""
+
+from ._core import (
+    BackendError,
+    DeviceError,
+    DispatchReport,
+    DTypeError,
+    FlashTileError,
+    InvalidArgumentError,
+    KernelInfo,
+    Refusal,
+    UnsupportedError,
+    __version__,
+    backend_names,
+)
+from ._api import (
+    explain,
+    flash_attn_backward,
+    flash_attn_func,
+    last_dispatch,
+    scaled_dot_product_attention,
+)
+
+__all__ = [
+    "flash_attn_func",
+    "flash_attn_backward",
+    "scaled_dot_product_attention",
+    "explain",
+    "last_dispatch",
+    "backend_names",
+    "DispatchReport",
+    "KernelInfo",
+    "Refusal",
+    "FlashTileError",
+    "InvalidArgumentError",
+    "DTypeError",
+    "DeviceError",
+    "UnsupportedError",
+    "BackendError",
+    "__version__",
+]

@@ -1,0 +1,136 @@
+"""The public functions. Each one routes torch tensors to the torch.library ops (autograd,
+torch.compile) and numpy arrays to the numpy path; both end in the same C++ call."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _common, _numpy
+from ._common import InvalidArgumentError, check_dropout, check_rank, kind_name
+
+try:
+    import torch
+except ImportError:  # numpy-only install
+    torch = None
+
+_torch_ops = None
+if torch is not None:
+    from . import _torch_ops
+
+
+def _is_torch(x) -> bool:
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _path(q):
+    if _is_torch(q):
+        return _torch_ops
+    if isinstance(q, np.ndarray):
+        return _numpy
+    raise TypeError(f"q: expected a numpy.ndarray or a torch.Tensor, got {kind_name(q)}")
+
+
+def flash_attn_func(q, k, v, *, softmax_scale=None, causal=False, return_lse=False, backend="auto",
+                    strict=False, deterministic=False, dropout_p=0.0):
+    """Exact attention, softmax(softmax_scale * q @ k^T) @ v, computed in tiles without materialising P.
+
+    Args:
+        q: (B, Sq, Hq, D) numpy array or torch tensor, float32, float16 or bfloat16 (numpy bfloat16
+            through ml_dtypes). Any strides on the first three dims; the last dim must be contiguous.
+        k: (B, Sk, Hkv, D), same dtype and device as q. Hq must be a multiple of Hkv (GQA / MQA).
+        v: (B, Sk, Hkv, Dv).
+        softmax_scale: multiplies q @ k^T; default 1 / sqrt(D).
+        causal: mask aligned to the bottom-right corner, as in flash_attn >= 2.1: query i sees keys
+            j <= i + Sk - Sq. With Sq > Sk the first Sq - Sk rows see no key: their output is 0 and their
+            lse is -inf.
+        return_lse: also return lse, (B, Hq, Sq) float32, the log-sum-exp of each score row.
+        backend: "auto" or a name from flashtile.backend_names(), e.g. "cpu-flash" or "cpu-reference".
+        strict: error instead of falling back when the requested (or, with "auto", the first-choice)
+            backend cannot run; the error lists its reasons.
+        deterministic: make the backward pass bitwise reproducible (used by torch autograd).
+        dropout_p: accepted for source compatibility with flash_attn; only 0.0 is supported.
+
+    Returns:
+        out (B, Sq, Hq, Dv) of q's type, dtype and device, or (out, lse) with return_lse. For torch tensors
+        the call is the custom op flashtile::fwd, differentiable in q, k and v (not in lse) and traceable
+        by torch.compile(fullgraph=True).
+
+    Every argument after v is keyword-only: flash_attn's fourth positional argument is dropout_p, and a
+    call written for it must not silently pass that value as softmax_scale.
+    """
+    check_dropout(dropout_p)
+    path = _path(q)
+    kwargs = dict(softmax_scale=softmax_scale, causal=causal, backend=backend, strict=strict)
+    if path is _torch_ops:
+        out, lse = _torch_ops.forward(q, k, v, deterministic=deterministic, **kwargs)
+    else:
+        out, lse = _numpy.forward(q, k, v, **kwargs)
+    return (out, lse) if return_lse else out
+
+
+def flash_attn_backward(q, k, v, out, dout, lse, *, softmax_scale=None, causal=False, backend="auto",
+                        strict=False, deterministic=False):
+    """Gradients (dq, dk, dv) of flash_attn_func's out given dout, for numpy users (torch users get them
+    from autograd). out and lse are what flash_attn_func(..., return_lse=True) returned for the same
+    q, k, v and options; P is recomputed from them. dk and dv sum over the query heads sharing a KV head.
+    """
+    path = _path(q)
+    return path.backward(q, k, v, out, dout, lse, softmax_scale=softmax_scale, causal=causal, backend=backend,
+                         strict=strict, deterministic=deterministic)
+
+
+def _swap12(x):
+    return x.transpose(1, 2) if _is_torch(x) else np.swapaxes(x, 1, 2)
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                 enable_gqa=False):
+    """torch.nn.functional.scaled_dot_product_attention's signature and (B, H, S, D) layout.
+
+    query (B, Hq, Sq, D), key (B, Hkv, Sk, D), value (B, Hkv, Sk, Dv) -> (B, Hq, Sq, Dv). The heads and
+    sequence dims are swapped as views, never copied; the result is a view of a (B, Sq, Hq, Dv) buffer,
+    as with torch's own flash backend. Works on numpy arrays too.
+
+    Differences from torch:
+      * is_causal aligns the mask to the bottom-right corner (query i sees keys j <= i + Sk - Sq).
+        torch aligns it to the top-left (j <= i); the two agree when Sq == Sk.
+      * attn_mask must be None and dropout_p 0.0 (accepted so that existing calls keep working).
+      * exactly four dims (B, H, S, D); torch also takes other batch ranks.
+      * enable_gqa=True is required when Hq != Hkv, as in torch; Hq must be a multiple of Hkv.
+      * error messages name the arguments as flash_attn_func does (q, k, v) with shapes in
+        (B, S, H, D) order.
+    """
+    if attn_mask is not None:
+        raise InvalidArgumentError("attn_mask: not supported; FlashTile computes full or causal attention "
+                                   "(is_causal=True) only")
+    check_dropout(dropout_p)
+    for name, x, layout in (("query", query, "(B, Hq, Sq, D)"), ("key", key, "(B, Hkv, Sk, D)"),
+                            ("value", value, "(B, Hkv, Sk, Dv)")):
+        if not (_is_torch(x) or isinstance(x, np.ndarray)):
+            raise TypeError(f"{name}: expected a numpy.ndarray or a torch.Tensor, got {kind_name(x)}")
+        check_rank(name, x, 4, layout)
+    if query.shape[1] != key.shape[1] and not enable_gqa:
+        raise InvalidArgumentError(f"key: {key.shape[1]} heads differ from query's {query.shape[1]}; pass "
+                                   "enable_gqa=True for grouped-query attention")
+    out = flash_attn_func(_swap12(query), _swap12(key), _swap12(value), softmax_scale=scale, causal=is_causal)
+    return _swap12(out)
+
+
+def explain(q, k, v, *, softmax_scale=None, causal=False, backend="auto", strict=False, backward=False,
+            deterministic=False):
+    """The DispatchReport of the kernel that flash_attn_func (or, with backward=True, its backward) would
+    run for these arguments, with every refused backend's reasons. Validates like the real call and
+    raises the same errors; reads no data. str(report) is a readable summary, report.to_dict() a dict."""
+    path = _path(q)
+    kwargs = dict(softmax_scale=softmax_scale, causal=causal, backend=backend, strict=strict)
+    if path is _torch_ops:
+        return _torch_ops.explain(q, k, v, deterministic=deterministic, backward=backward, **kwargs)
+    if not backward:
+        return _numpy.forward(q, k, v, explain=True, **kwargs)
+    _numpy.check((("q", q, _numpy.Q), ("k", k, _numpy.K), ("v", v, _numpy.V)))
+    out = np.empty(q.shape[:3] + v.shape[3:], dtype=q.dtype)
+    lse = np.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=np.float32)
+    return _numpy.backward(q, k, v, out, out.copy(), lse, deterministic=deterministic, explain=True, **kwargs)
+
+
+last_dispatch = _common.last_dispatch

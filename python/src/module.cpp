@@ -1,0 +1,140 @@
+// flashtile._core: the thin layer between Python and the C++ library. It converts DLPack tensors to
+// TensorViews, releases the GIL around the call and returns the DispatchReport. Everything that needs a
+// framework (allocating outputs, autograd, torch.library) lives in the Python package above it.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <optional>
+#include <string>
+
+#include "errors.h"
+#include "flashtile/flashtile.h"
+#include "tensors.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace flashtile::python {
+namespace {
+
+Options make_options(std::optional<double> softmax_scale, bool causal, const std::string& backend, bool strict,
+                     bool deterministic, int num_threads) {
+  Options o;
+  if (softmax_scale) o.softmax_scale = static_cast<float>(*softmax_scale);
+  o.causal = causal;
+  o.backend = backend;
+  o.strict = strict;
+  o.deterministic = deterministic;
+  o.num_threads = num_threads;
+  return o;
+}
+
+DispatchReport forward(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse,
+                       std::optional<double> softmax_scale, bool causal, const std::string& backend, bool strict,
+                       int num_threads, bool bf16_bits, bool explain) {
+  Imports in;
+  const TensorView tq = in.input(q, "q", bf16_bits), tk = in.input(k, "k", bf16_bits),
+                   tv = in.input(v, "v", bf16_bits), to = in.output(out, "out", bf16_bits),
+                   tl = in.output(lse, "lse", false);
+  const Options o = make_options(softmax_scale, causal, backend, strict, false, num_threads);
+  if (explain) return explain_forward(tq, tk, tv, to, tl, o);
+  // The views stay valid without the GIL: `in` holds a reference to every tensor.
+  nb::gil_scoped_release unlocked;
+  return flashtile::forward(tq, tk, tv, to, tl, o);
+}
+
+DispatchReport backward(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle dout, nb::handle lse,
+                        nb::handle dq, nb::handle dk, nb::handle dv, std::optional<double> softmax_scale,
+                        bool causal, const std::string& backend, bool strict, bool deterministic,
+                        int num_threads, bool bf16_bits, bool explain) {
+  Imports in;
+  const TensorView tq = in.input(q, "q", bf16_bits), tk = in.input(k, "k", bf16_bits),
+                   tv = in.input(v, "v", bf16_bits), to = in.input(out, "out", bf16_bits),
+                   tdo = in.input(dout, "dout", bf16_bits), tl = in.input(lse, "lse", false),
+                   tdq = in.output(dq, "dq", bf16_bits), tdk = in.output(dk, "dk", bf16_bits),
+                   tdv = in.output(dv, "dv", bf16_bits);
+  const Options o = make_options(softmax_scale, causal, backend, strict, deterministic, num_threads);
+  if (explain) return explain_backward(tq, tk, tv, to, tdo, tl, tdq, tdk, tdv, o);
+  nb::gil_scoped_release unlocked;
+  return flashtile::backward(tq, tk, tv, to, tdo, tl, tdq, tdk, tdv, o);
+}
+
+nb::dict kernel_dict(const KernelInfo& k) {
+  nb::dict d;
+  d["backend"] = k.backend;
+  d["kernel"] = k.kernel;
+  d["isa"] = k.isa;
+  d["block_q"] = k.block_q;
+  d["block_k"] = k.block_k;
+  d["threads"] = k.threads;
+  d["detail"] = k.detail;
+  return d;
+}
+
+nb::dict report_dict(const DispatchReport& r) {
+  nb::dict refused;
+  for (const Refusal& x : r.refused) refused[x.backend.c_str()] = nb::cast(x.reasons);
+  nb::dict d;
+  d["requested"] = r.requested;
+  d["ran"] = kernel_dict(r.ran);
+  d["fell_back"] = r.fell_back;
+  d["refused"] = refused;
+  return d;
+}
+
+void bind_reports(nb::module_& m) {
+  nb::class_<KernelInfo>(m, "KernelInfo", "The kernel a call ran (or would run).")
+      .def_ro("backend", &KernelInfo::backend, "Backend name, e.g. 'cpu-flash'; empty when nothing ran.")
+      .def_ro("kernel", &KernelInfo::kernel)
+      .def_ro("isa", &KernelInfo::isa, "Instruction set: 'avx512', 'avx2', 'scalar', 'sm90', ...")
+      .def_ro("block_q", &KernelInfo::block_q, "Query rows per tile.")
+      .def_ro("block_k", &KernelInfo::block_k, "Key rows per tile.")
+      .def_ro("threads", &KernelInfo::threads, "CPU worker threads or GPU threads per block.")
+      .def_ro("detail", &KernelInfo::detail)
+      .def("to_dict", &kernel_dict)
+      .def("__repr__", [](const KernelInfo& k) {
+        return "KernelInfo(backend='" + k.backend + "', kernel='" + k.kernel + "', isa='" + k.isa +
+               "', block_q=" + std::to_string(k.block_q) + ", block_k=" + std::to_string(k.block_k) +
+               ", threads=" + std::to_string(k.threads) + ", detail='" + k.detail + "')";
+      });
+  nb::class_<Refusal>(m, "Refusal", "A backend that was considered and refused, with one reason per line.")
+      .def_ro("backend", &Refusal::backend)
+      .def_ro("reasons", &Refusal::reasons)
+      .def("__repr__", [](const Refusal& r) {
+        return "Refusal(backend='" + r.backend + "', reasons=" + std::to_string(r.reasons.size()) + ")";
+      });
+  nb::class_<DispatchReport>(m, "DispatchReport",
+                             "Which kernel ran (or would run) and why every other backend did not. "
+                             "str() gives a readable summary; to_dict() a plain dict.")
+      .def_ro("requested", &DispatchReport::requested, "The backend asked for: 'auto' or a name.")
+      .def_ro("ran", &DispatchReport::ran)
+      .def_ro("fell_back", &DispatchReport::fell_back, "A named backend could not run and another one did.")
+      .def_ro("refused", &DispatchReport::refused)
+      .def_prop_ro("backend", [](const DispatchReport& r) { return r.ran.backend; }, "Shorthand for ran.backend.")
+      .def_prop_ro("kernel", [](const DispatchReport& r) { return r.ran.kernel; }, "Shorthand for ran.kernel.")
+      .def("to_dict", &report_dict)
+      .def("__str__", &DispatchReport::to_string)
+      .def("__repr__", [](const DispatchReport& r) { return "<DispatchReport " + r.to_string() + ">"; });
+}
+
+}  // namespace
+}  // namespace flashtile::python
+
+NB_MODULE(_core, m) {
+  using namespace flashtile::python;
+  m.doc() = "FlashTile's C++ library. Use the functions of the flashtile package; these are its plumbing.";
+  m.attr("__version__") = FLASHTILE_VERSION;
+  register_errors(m);
+  bind_reports(m);
+  m.def("forward", &forward, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, nb::kw_only(), "softmax_scale"_a = nb::none(),
+        "causal"_a = false, "backend"_a = "auto", "strict"_a = false, "num_threads"_a = 0, "bf16_bits"_a = false,
+        "explain"_a = false,
+        "Runs (or, with explain=True, only plans) the forward pass into the caller's out and lse.");
+  m.def("backward", &backward, "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "lse"_a, "dq"_a, "dk"_a, "dv"_a,
+        nb::kw_only(), "softmax_scale"_a = nb::none(), "causal"_a = false, "backend"_a = "auto", "strict"_a = false,
+        "deterministic"_a = false, "num_threads"_a = 0, "bf16_bits"_a = false, "explain"_a = false,
+        "Runs (or, with explain=True, only plans) the backward pass into the caller's dq, dk and dv.");
+  m.def("backend_names", &flashtile::backend_names, "Backends compiled into this build, in auto priority order.");
+}
