@@ -8,12 +8,22 @@
 #include "cpu/kernels.h"
 #include "cpu/reference.h"
 #include "flashtile/errors.h"
+#if FLASHTILE_WITH_CUDA
+#include "cuda/pointer_check.h"
+#endif
 
 namespace flashtile::detail {
 namespace {
 
 Reasons host_only(const AttnParams& p) {
-  if (p.device == Device::cpu) return {};
+  if (p.device == Device::cpu) {
+#if FLASHTILE_WITH_CUDA  // device pointers passed as CPU tensors are refused, not dereferenced
+    for (const void* ptr : {p.q, p.k, p.v, p.dout, static_cast<const void*>(p.out), static_cast<const void*>(p.lse),
+                            static_cast<const void*>(p.dq), static_cast<const void*>(p.dk), static_cast<const void*>(p.dv)})
+      if (is_device_pointer(ptr)) return {"device: tensors are declared cpu but hold CUDA device memory"};
+#endif
+    return {};
+  }
   std::ostringstream s;
   s << "device: tensors are on " << device_name(p.device) << ":" << p.device_index
     << "; CPU backends read host memory";

@@ -30,16 +30,21 @@ namespace {
 
 using detail::AttnParams;
 
-std::unique_ptr<float[]> floats(std::int64_t n) { return std::unique_ptr<float[]>(new float[static_cast<std::size_t>(n)]); }
+std::unique_ptr<float[]> zeros(std::int64_t n) {
+  return std::unique_ptr<float[]>(new float[static_cast<std::size_t>(n)]());
+}
 
+// Per-thread scratch; leading dimensions padded to 16 floats with zero padding (tile_ops.h).
 struct BwdScratch {
+  int ldd, ldv;  // padded D and Dv
   std::unique_ptr<float[]> q, dout, kt, kf, vt, s, dp, dk, dv, lse2, delta;
   std::unique_ptr<int[]> limit;  // visible keys of each query row in the current key tile
   BwdScratch(TileConfig t, std::int64_t d, std::int64_t dv_)
-      : q(floats(t.block_q * d)), dout(floats(t.block_q * dv_)), kt(floats(d * t.block_k)),
-        kf(floats(t.block_k * d)), vt(floats(dv_ * t.block_k)), s(floats(t.block_q * t.block_k)),
-        dp(floats(t.block_q * t.block_k)), dk(floats(t.block_k * d)), dv(floats(t.block_k * dv_)),
-        lse2(floats(t.block_q)), delta(floats(t.block_q)), limit(new int[static_cast<std::size_t>(t.block_q)]) {}
+      : ldd(padded(d)), ldv(padded(dv_)), q(zeros(t.block_q * ldd)), dout(zeros(t.block_q * ldv)),
+        kt(zeros(d * t.block_k)), kf(zeros(t.block_k * ldd)), vt(zeros(dv_ * t.block_k)),
+        s(zeros(t.block_q * t.block_k)), dp(zeros(t.block_q * t.block_k)), dk(zeros(t.block_k * ldd)),
+        dv(zeros(t.block_k * ldv)), lse2(zeros(t.block_q)), delta(zeros(t.block_q)),
+        limit(new int[static_cast<std::size_t>(t.block_q)]) {}
 };
 
 struct Shared {
@@ -47,9 +52,9 @@ struct Shared {
   TileConfig tile;
   std::int64_t parts;
   std::vector<float> delta;  // D = rowsum(dO ∘ O), [B, Hq, Sq]
-  std::vector<float> dq;     // per-part dQ sums, [parts, B, Hq, Sq, D], unscaled
+  std::vector<float> dq;     // per-part dQ sums, [parts, B, Hq, Sq, padded(D)], unscaled
   float* dq_rows(std::int64_t part, std::int64_t b, std::int64_t h, std::int64_t i) {
-    return dq.data() + (((part * p.batch + b) * p.heads_q + h) * p.seqlen_q + i) * p.hdim;
+    return dq.data() + (((part * p.batch + b) * p.heads_q + h) * p.seqlen_q + i) * padded(p.hdim);
   }
 };
 
@@ -76,18 +81,24 @@ void key_tile(Shared& sh, BwdScratch& w, std::int64_t b, std::int64_t hk, std::i
   const int d = static_cast<int>(p.hdim), dv = static_cast<int>(p.hdim_v);
   const int bq = sh.tile.block_q, bk = sh.tile.block_k;
   const int n = static_cast<int>(std::min<std::int64_t>(bk, p.seqlen_k - k0));
+  const int npad = padded(n);
+  const int ldd = w.ldd, ldv = w.ldv;
   const float qk_scale = p.softmax_scale * kLog2e;
 
   for (int j = 0; j < n; ++j) {
     const T* ks = row_ptr<T>(p.k, p.k_stride, b, k0 + j, hk);
     const T* vs = row_ptr<T>(p.v, p.v_stride, b, k0 + j, hk);
-    float* kf = w.kf.get() + static_cast<std::int64_t>(j) * d;
+    float* kf = w.kf.get() + static_cast<std::int64_t>(j) * ldd;
     for (int c = 0; c < d; ++c) kf[c] = to_float(ks[c]);
     for (int c = 0; c < d; ++c) w.kt[static_cast<std::int64_t>(c) * bk + j] = kf[c];
     for (int c = 0; c < dv; ++c) w.vt[static_cast<std::int64_t>(c) * bk + j] = to_float(vs[c]);
   }
-  std::fill_n(w.dk.get(), static_cast<std::int64_t>(n) * d, 0.0f);
-  std::fill_n(w.dv.get(), static_cast<std::int64_t>(n) * dv, 0.0f);
+  if (npad > n) {  // a short last tile: zero the transposed tiles' columns up to the padded width
+    for (int c = 0; c < d; ++c) std::fill_n(w.kt.get() + static_cast<std::int64_t>(c) * bk + n, npad - n, 0.0f);
+    for (int c = 0; c < dv; ++c) std::fill_n(w.vt.get() + static_cast<std::int64_t>(c) * bk + n, npad - n, 0.0f);
+  }
+  std::fill_n(w.dk.get(), static_cast<std::int64_t>(n) * ldd, 0.0f);
+  std::fill_n(w.dv.get(), static_cast<std::int64_t>(n) * ldv, 0.0f);
 
   // Query rows that see at least one key of this tile. Visible ranges grow with i (causal), so the
   // first such row is where key_end first passes k0.
@@ -103,44 +114,44 @@ void key_tile(Shared& sh, BwdScratch& w, std::int64_t b, std::int64_t hk, std::i
       for (int r = 0; r < rows; ++r) {
         const T* qs = row_ptr<T>(p.q, p.q_stride, b, q0 + r, h);
         const T* gs = row_ptr<T>(p.dout, p.dout_stride, b, q0 + r, h);
-        float* qd = w.q.get() + static_cast<std::int64_t>(r) * d;
-        float* gd = w.dout.get() + static_cast<std::int64_t>(r) * dv;
+        float* qd = w.q.get() + static_cast<std::int64_t>(r) * ldd;
+        float* gd = w.dout.get() + static_cast<std::int64_t>(r) * ldv;
         for (int c = 0; c < d; ++c) qd[c] = to_float(qs[c]);
         for (int c = 0; c < dv; ++c) gd[c] = to_float(gs[c]);
         w.lse2[r] = lse_row[(q0 + r) * p.lse_stride.row] * kLog2e;
         w.delta[r] = delta[q0 + r];
       }
       // P = exp2(qk_scale · S − LSE·log2e), masked entries exactly 0.
-      gemm_nn(rows, n, d, w.q.get(), d, w.kt.get(), bk, w.s.get(), bk, false);
+      gemm_nn(rows, npad, d, w.q.get(), ldd, w.kt.get(), bk, w.s.get(), bk, false);
       const bool needs_mask = k0 < p.key_begin(q0 + rows - 1) || k0 + n > p.key_end(q0);
       for (int r = 0; r < rows; ++r) {
         float* sr = w.s.get() + static_cast<std::int64_t>(r) * bk;
-        const float l2 = w.lse2[r];
-        for (int j = 0; j < n; ++j) sr[j] = sr[j] * qk_scale - l2;
-        if (needs_mask) mask_row(p, q0 + r, k0, n, sr);
-        for (int j = 0; j < n; ++j) sr[j] = exp2_fast(sr[j]);
+        exp2_row(sr, n, qk_scale, w.lse2[r]);
+        if (needs_mask) mask_row(p, q0 + r, k0, n, sr, 0.0f);
         w.limit[r] = needs_mask ? visible_in_tile(p, q0 + r, k0, n) : n;
       }
       // Masked keys are excluded from every product below (see tile_ops.h), so they contribute
       // exactly nothing, NaN inputs included.
-      const int* lim = w.limit.get();
-      gemm_tn(n, dv, rows, w.s.get(), bk, w.dout.get(), dv, w.dv.get(), dv, lim);    // dV += Pᵀ dO
-      gemm_nn(rows, n, dv, w.dout.get(), dv, w.vt.get(), bk, w.dp.get(), bk, false);  // dP = dO Vᵀ
-      for (int r = 0; r < rows; ++r) {                                                // dS = P ∘ (dP − D)
+      const int* lim = needs_mask ? w.limit.get() : nullptr;
+      gemm_tn(n, ldv, rows, w.s.get(), bk, w.dout.get(), ldv, w.dv.get(), ldv, lim);      // dV += Pᵀ dO
+      gemm_nn(rows, npad, dv, w.dout.get(), ldv, w.vt.get(), bk, w.dp.get(), bk, false);  // dP = dO Vᵀ
+      for (int r = 0; r < rows; ++r) {                                                  // dS = P ∘ (dP − D)
         float* dpr = w.dp.get() + static_cast<std::int64_t>(r) * bk;
         const float* sr = w.s.get() + static_cast<std::int64_t>(r) * bk;
         const float dr = w.delta[r];
-        for (int j = 0; j < lim[r]; ++j) dpr[j] = sr[j] * (dpr[j] - dr);
+        const int end = w.limit[r];
+        for (int j = 0; j < end; ++j) dpr[j] = sr[j] * (dpr[j] - dr);
+        for (int j = end; j < n; ++j) dpr[j] = 0.0f;
       }
-      gemm_nn(rows, d, n, w.dp.get(), bk, w.kf.get(), d, sh.dq_rows(part, b, h, q0), d, true, lim);  // dQ += dS K
-      gemm_tn(n, d, rows, w.dp.get(), bk, w.q.get(), d, w.dk.get(), d, lim);                          // dK += dSᵀ Q
+      gemm_nn(rows, ldd, n, w.dp.get(), bk, w.kf.get(), ldd, sh.dq_rows(part, b, h, q0), ldd, true, lim);  // dQ += dS K
+      gemm_tn(n, ldd, rows, w.dp.get(), bk, w.q.get(), ldd, w.dk.get(), ldd, lim);                           // dK += dSᵀ Q
     }
   }
   for (int j = 0; j < n; ++j) {
     T* dks = row_ptr<T>(p.dk, p.dk_stride, b, k0 + j, hk);
     T* dvs = row_ptr<T>(p.dv, p.dv_stride, b, k0 + j, hk);
-    const float* dkr = w.dk.get() + static_cast<std::int64_t>(j) * d;
-    const float* dvr = w.dv.get() + static_cast<std::int64_t>(j) * dv;
+    const float* dkr = w.dk.get() + static_cast<std::int64_t>(j) * ldd;
+    const float* dvr = w.dv.get() + static_cast<std::int64_t>(j) * ldv;
     for (int c = 0; c < d; ++c) dks[c] = from_float<T>(dkr[c] * p.softmax_scale);
     for (int c = 0; c < dv; ++c) dvs[c] = from_float<T>(dvr[c]);
   }
@@ -153,7 +164,7 @@ void backward_typed(const AttnParams& p, TileConfig tile, int threads) {
   const std::int64_t want = (2 * threads + heads - 1) / std::max<std::int64_t>(heads, 1);
   Shared sh{p, tile, std::clamp<std::int64_t>(want, 1, std::max<std::int64_t>(n_kt, 1)), {}, {}};
   sh.delta.assign(static_cast<std::size_t>(p.batch * p.heads_q * p.seqlen_q), 0.0f);
-  sh.dq.assign(static_cast<std::size_t>(sh.parts * p.batch * p.heads_q * p.seqlen_q * p.hdim), 0.0f);
+  sh.dq.assign(static_cast<std::size_t>(sh.parts * p.batch * p.heads_q * p.seqlen_q * padded(p.hdim)), 0.0f);
   compute_delta<T>(sh, threads);
 
   parallel_tasks(

@@ -26,19 +26,20 @@ namespace {
 
 using detail::AttnParams;
 
+// Per-thread scratch. Leading dimensions are padded to 16 floats (tile_ops.h) and the padding starts
+// at zero: Q and V pad columns are never written, so they stay zero.
 struct FwdScratch {
-  int bq, bk, d, dv;
+  int bq, bk, d, dv, ldq, ldv;
   std::unique_ptr<float[]> q, kt, v, s, acc, m, l;
   std::unique_ptr<int[]> limit;  // visible keys of each row in the current key tile
+  static std::unique_ptr<float[]> zeros(std::int64_t n) {
+    return std::unique_ptr<float[]>(new float[static_cast<std::size_t>(n)]());
+  }
   FwdScratch(TileConfig t, int d_, int dv_)
-      : bq(t.block_q), bk(t.block_k), d(d_), dv(dv_),
-        q(new float[static_cast<std::size_t>(bq) * d]),
-        kt(new float[static_cast<std::size_t>(d) * bk]),
-        v(new float[static_cast<std::size_t>(bk) * dv]),
-        s(new float[static_cast<std::size_t>(bq) * bk]),
-        acc(new float[static_cast<std::size_t>(bq) * dv]),
-        m(new float[static_cast<std::size_t>(bq)]),
-        l(new float[static_cast<std::size_t>(bq)]),
+      : bq(t.block_q), bk(t.block_k), d(d_), dv(dv_), ldq(padded(d_)), ldv(padded(dv_)),
+        q(zeros(static_cast<std::int64_t>(bq) * ldq)), kt(zeros(static_cast<std::int64_t>(d) * bk)),
+        v(zeros(static_cast<std::int64_t>(bk) * ldv)), s(zeros(static_cast<std::int64_t>(bq) * bk)),
+        acc(zeros(static_cast<std::int64_t>(bq) * ldv)), m(zeros(bq)), l(zeros(bq)),
         limit(new int[static_cast<std::size_t>(bq)]) {}
 };
 
@@ -51,11 +52,11 @@ void forward_tile(const AttnParams& p, FwdScratch& w, std::int64_t b, std::int64
 
   for (int r = 0; r < rows; ++r) {
     const T* src = row_ptr<T>(p.q, p.q_stride, b, q0 + r, h);
-    float* dst = w.q.get() + static_cast<std::int64_t>(r) * d;
+    float* dst = w.q.get() + static_cast<std::int64_t>(r) * w.ldq;
     for (int c = 0; c < d; ++c) dst[c] = to_float(src[c]) * qscale;
     w.m[r] = kNegInf;
     w.l[r] = 0.0f;
-    std::fill_n(w.acc.get() + static_cast<std::int64_t>(r) * dv, dv, 0.0f);
+    std::fill_n(w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.ldv, 0.0f);
   }
   // Keys visible to any row of the tile: [k_lo, k_hi). Rows see prefixes, so the last row sees most.
   const std::int64_t k_lo = p.key_begin(q0);
@@ -66,49 +67,46 @@ void forward_tile(const AttnParams& p, FwdScratch& w, std::int64_t b, std::int64
 
   for (std::int64_t k0 = k_lo; k0 < k_hi; k0 += bk) {
     const int n = static_cast<int>(std::min<std::int64_t>(bk, k_hi - k0));
-    // Kᵀ tile [d][n] and V tile [n][dv], converted to float.
+    const int npad = padded(n);
+    // Kᵀ tile [d][n] and V tile [n][dv], converted to float. In a short last tile the Kᵀ columns up to
+    // the padded width are zeroed, so the padded product reads no stale (possibly non-finite) data.
     for (int j = 0; j < n; ++j) {
       const T* ks = row_ptr<T>(p.k, p.k_stride, b, k0 + j, hk);
       for (int c = 0; c < d; ++c) w.kt[static_cast<std::int64_t>(c) * bk + j] = to_float(ks[c]);
       const T* vs = row_ptr<T>(p.v, p.v_stride, b, k0 + j, hk);
-      float* vd = w.v.get() + static_cast<std::int64_t>(j) * dv;
+      float* vd = w.v.get() + static_cast<std::int64_t>(j) * w.ldv;
       for (int c = 0; c < dv; ++c) vd[c] = to_float(vs[c]);
     }
-    gemm_nn(rows, n, d, w.q.get(), d, w.kt.get(), bk, w.s.get(), bk, false);
+    if (npad > n)
+      for (int c = 0; c < d; ++c) std::fill(w.kt.get() + static_cast<std::int64_t>(c) * bk + n, w.kt.get() + static_cast<std::int64_t>(c) * bk + npad, 0.0f);
+    gemm_nn(rows, npad, d, w.q.get(), w.ldq, w.kt.get(), bk, w.s.get(), bk, false);
 
     const bool needs_mask = k0 < mask_lo || k0 + n > mask_hi;
     for (int r = 0; r < rows; ++r) {
       float* sr = w.s.get() + static_cast<std::int64_t>(r) * bk;
       if (needs_mask) mask_row(p, q0 + r, k0, n, sr);
       w.limit[r] = needs_mask ? visible_in_tile(p, q0 + r, k0, n) : n;
-      float mx = kNegInf;
-      for (int j = 0; j < n; ++j) mx = sr[j] > mx ? sr[j] : mx;
+      const float mx = row_max(sr, n);
       const float m_old = w.m[r];
       const float m_new = mx > m_old ? mx : m_old;
       // All keys so far masked: keep exponentials at exp2(-inf) = 0 instead of exp2(-inf - -inf) = NaN.
       const float m_ref = m_new == kNegInf ? 0.0f : m_new;
-      float sum = 0.0f;
-      for (int j = 0; j < n; ++j) {
-        const float e = exp2_fast(sr[j] - m_ref);
-        sr[j] = e;
-        sum += e;
-      }
+      const float sum = exp2_row(sr, n, 1.0f, m_ref);
       const float alpha = exp2_fast(m_old - m_ref);
       w.l[r] = w.l[r] * alpha + sum;
       w.m[r] = m_new;
-      if (alpha != 1.0f) {
-        float* ar = w.acc.get() + static_cast<std::int64_t>(r) * dv;
-        for (int c = 0; c < dv; ++c) ar[c] *= alpha;
-      }
+      // Rescale the accumulator only when the running max moved.
+      if (alpha != 1.0f) scale_row(w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, dv, alpha);
     }
-    gemm_nn(rows, dv, n, w.s.get(), bk, w.v.get(), dv, w.acc.get(), dv, true, w.limit.get());
+    gemm_nn(rows, w.ldv, n, w.s.get(), bk, w.v.get(), w.ldv, w.acc.get(), w.ldv, true,
+            needs_mask ? w.limit.get() : nullptr);
   }
 
   for (int r = 0; r < rows; ++r) {
     const std::int64_t i = q0 + r;
     T* o = row_ptr<T>(p.out, p.out_stride, b, i, h);
     float* lse = p.lse + b * p.lse_stride.batch + h * p.lse_stride.head + i * p.lse_stride.row;
-    const float* ar = w.acc.get() + static_cast<std::int64_t>(r) * dv;
+    const float* ar = w.acc.get() + static_cast<std::int64_t>(r) * w.ldv;
     if (p.key_end(i) <= p.key_begin(i)) {  // no visible key: defined as O = 0, LSE = -inf
       for (int c = 0; c < dv; ++c) o[c] = from_float<T>(0.0f);
       *lse = kNegInf;

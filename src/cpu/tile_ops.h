@@ -1,21 +1,30 @@
-// Small dense products on float32 tiles held in row-major scratch buffers. Included by the per-ISA
-// kernel files, so each copy is compiled (and auto-vectorised) for that ISA. Every inner loop runs over
-// a contiguous output row, so the compiler emits broadcast-FMA sequences.
+// Tile products and softmax row operations on float32 scratch tiles. Included by the per-ISA kernel
+// files only: the SIMD builds use the register-blocked micro-kernels (microkernel.h) and vector exp2,
+// the scalar build the plain loops below, which the compiler vectorises as it can.
 //
 // `limit` (optional, one entry per query row of the tile) bounds the key index a query row may touch:
 // masked keys then contribute nothing at all, not even 0 · NaN, so a NaN in a key or value that a row
-// does not see can never reach that row (standard attention with an additive mask would leak it).
-// Key tiles start at or after every row's first visible key today (causal / no mask); a window mask
-// would add a lower bound here.
+// does not see can never reach that row (standard attention with an additive mask would leak it). Only
+// tiles that cross the causal diagonal pass a limit; they take the plain loops. Key tiles start at or
+// after every row's first visible key today (causal / no mask); a window mask would add a lower bound.
 #pragma once
 
 #include <cstdint>
 
+#include "cpu/exp2.h"
+#include "cpu/microkernel.h"
+
 namespace flashtile::cpu {
+
+// Leading dimension of a scratch tile with n columns: a whole number of 16-float vectors.
+constexpr int padded(std::int64_t n) { return static_cast<int>((n + 15) / 16 * 16); }
 
 // C[m][n] (+)= A[m][k] · B[k][n]; row i of A uses only its first limit[i] columns when limit is given.
 inline void gemm_nn(int m, int n, int k, const float* __restrict a, int lda, const float* __restrict b, int ldb,
                     float* __restrict c, int ldc, bool accumulate, const int* limit = nullptr) {
+#if FT_SIMD_WIDTH
+  if (limit == nullptr && n % simd::W == 0) return simd::gemm<false>(m, n, k, a, lda, b, ldb, c, ldc, accumulate);
+#endif
   for (int i = 0; i < m; ++i) {
     float* __restrict ci = c + static_cast<std::int64_t>(i) * ldc;
     if (!accumulate)
@@ -33,6 +42,9 @@ inline void gemm_nn(int m, int n, int k, const float* __restrict a, int lda, con
 // C[m][n] += A[k][m]ᵀ · B[k][n]; row p of A (a query row) reaches only C rows i < limit[p].
 inline void gemm_tn(int m, int n, int k, const float* __restrict a, int lda, const float* __restrict b, int ldb,
                     float* __restrict c, int ldc, const int* limit = nullptr) {
+#if FT_SIMD_WIDTH
+  if (limit == nullptr && n % simd::W == 0) return simd::gemm<true>(m, n, k, a, lda, b, ldb, c, ldc, true);
+#endif
   for (int p = 0; p < k; ++p) {
     const float* ap = a + static_cast<std::int64_t>(p) * lda;
     const float* __restrict bp = b + static_cast<std::int64_t>(p) * ldb;
@@ -43,6 +55,46 @@ inline void gemm_tn(int m, int n, int k, const float* __restrict a, int lda, con
       for (int j = 0; j < n; ++j) ci[j] += av * bp[j];
     }
   }
+}
+
+// max_j x[j] (NaN-blind; a NaN reaches the output through exp2 and the sum instead).
+inline float row_max(const float* x, int n) {
+  float m = -__builtin_inff();
+  int j = 0;
+#if FT_SIMD_WIDTH
+  if (n >= simd::W) {
+    simd::V mv = simd::load(x);
+    for (j = simd::W; j + simd::W <= n; j += simd::W) mv = simd::max(mv, simd::load(x + j));
+    m = simd::reduce_max(mv);
+  }
+#endif
+  for (; j < n; ++j) m = x[j] > m ? x[j] : m;
+  return m;
+}
+
+// x[j] = 2^(x[j]·mul − sub) for j < n; returns Σ x[j].
+inline float exp2_row(float* x, int n, float mul, float sub) {
+  float sum = 0.0f;
+  int j = 0;
+#if FT_SIMD_WIDTH
+  simd::V sv = simd::set1(0.0f);
+  const simd::V mv = simd::set1(mul), bv = simd::set1(-sub);
+  for (; j + simd::W <= n; j += simd::W) {
+    const simd::V e = simd::exp2(simd::fma(simd::load(x + j), mv, bv));
+    simd::store(x + j, e);
+    sv = simd::add(sv, e);
+  }
+  sum = simd::reduce_add(sv);
+#endif
+  for (; j < n; ++j) {
+    x[j] = exp2_fast(x[j] * mul - sub);
+    sum += x[j];
+  }
+  return sum;
+}
+
+inline void scale_row(float* x, int n, float a) {
+  for (int j = 0; j < n; ++j) x[j] *= a;
 }
 
 }  // namespace flashtile::cpu

@@ -1,0 +1,75 @@
+// Register-blocked tile products for the SIMD builds (see simd.h):
+//   C[m][n] (+)= Σ_p A(i, p) · B[p][n],   A(i, p) = a[i·lda + p]  (NN)   or   a[p·lda + i]  (TN).
+// A block of MR rows × NV vectors of C lives in registers for the whole p loop: per step one load of NV
+// B vectors, MR broadcasts of A, MR·NV FMAs, and no load/store of C — the FMA units, not the load/store
+// ports, set the pace. n must be a multiple of the vector width W: every scratch tile has its leading
+// dimension padded to 16 floats with zeros in the padding (tile_config.h), so the pad columns compute
+// harmless zeros and no tail code is needed.
+#pragma once
+
+#include "cpu/simd.h"
+
+#if FT_SIMD_WIDTH
+namespace flashtile::cpu::simd {
+
+#if FT_SIMD_WIDTH == 16
+constexpr int kMR = 8, kNV = 2;  // 16 accumulators + 2 B vectors + 1 broadcast of the 32 zmm registers
+#else
+constexpr int kMR = 6, kNV = 2;  // 12 accumulators + 2 B vectors + 1 broadcast of the 16 ymm registers
+#endif
+
+template <bool kTransA, int MR, int NV>
+inline void block(int k, const float* __restrict a, int lda, const float* __restrict b, int ldb, float* __restrict c,
+                  int ldc, bool accumulate) {
+  V acc[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = accumulate ? load(c + r * ldc + v * W) : set1(0.0f);
+  for (int p = 0; p < k; ++p) {
+    V bv[NV];
+    for (int v = 0; v < NV; ++v) bv[v] = load(b + static_cast<std::int64_t>(p) * ldb + v * W);
+    for (int r = 0; r < MR; ++r) {
+      const V av = set1(kTransA ? a[static_cast<std::int64_t>(p) * lda + r] : a[static_cast<std::int64_t>(r) * lda + p]);
+      for (int v = 0; v < NV; ++v) acc[r][v] = fma(av, bv[v], acc[r][v]);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) store(c + r * ldc + v * W, acc[r][v]);
+}
+
+// Rows [0, MR') of a block with MR' < kMR, chosen at run time.
+template <bool kTransA, int NV, int MR = kMR - 1>
+inline void block_rows(int rows, int k, const float* a, int lda, const float* b, int ldb, float* c, int ldc,
+                       bool accumulate) {
+  if constexpr (MR >= 1) {
+    if (rows == MR) return block<kTransA, MR, NV>(k, a, lda, b, ldb, c, ldc, accumulate);
+    return block_rows<kTransA, NV, MR - 1>(rows, k, a, lda, b, ldb, c, ldc, accumulate);
+  }
+}
+
+template <bool kTransA>
+inline void gemm(int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c, int ldc,
+                 bool accumulate) {
+  for (int i0 = 0; i0 < m; i0 += kMR) {
+    const int rows = m - i0 < kMR ? m - i0 : kMR;
+    const float* ai = kTransA ? a + i0 : a + static_cast<std::int64_t>(i0) * lda;
+    float* ci = c + static_cast<std::int64_t>(i0) * ldc;
+    int j0 = 0;
+    for (; j0 + kNV * W <= n; j0 += kNV * W) {
+      if (rows == kMR) {
+        block<kTransA, kMR, kNV>(k, ai, lda, b + j0, ldb, ci + j0, ldc, accumulate);
+      } else {
+        block_rows<kTransA, kNV>(rows, k, ai, lda, b + j0, ldb, ci + j0, ldc, accumulate);
+      }
+    }
+    for (; j0 < n; j0 += W) {
+      if (rows == kMR) {
+        block<kTransA, kMR, 1>(k, ai, lda, b + j0, ldb, ci + j0, ldc, accumulate);
+      } else {
+        block_rows<kTransA, 1>(rows, k, ai, lda, b + j0, ldb, ci + j0, ldc, accumulate);
+      }
+    }
+  }
+}
+
+}  // namespace flashtile::cpu::simd
+#endif

@@ -1,0 +1,109 @@
+// A thin vector layer for the per-ISA kernel builds: V is the widest float vector the translation unit
+// is compiled for (AVX-512: 16 lanes, AVX2: 8 lanes). The scalar build defines no V (FT_SIMD_WIDTH 0) and
+// uses the plain loops in tile_ops.h. Only what the kernels use is here; a general SIMD library (Highway)
+// was considered and not needed for a dozen operations.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+namespace flashtile::cpu::simd {
+
+#if defined(__AVX512F__)
+#define FT_SIMD_WIDTH 16
+struct V {
+  __m512 v;
+};
+inline V load(const float* p) { return {_mm512_loadu_ps(p)}; }
+inline void store(float* p, V a) { _mm512_storeu_ps(p, a.v); }
+inline V set1(float x) { return {_mm512_set1_ps(x)}; }
+inline V fma(V a, V b, V c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+inline V add(V a, V b) { return {_mm512_add_ps(a.v, b.v)}; }
+inline V sub(V a, V b) { return {_mm512_sub_ps(a.v, b.v)}; }
+inline V mul(V a, V b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline V max(V a, V b) { return {_mm512_max_ps(a.v, b.v)}; }
+inline V min(V a, V b) { return {_mm512_min_ps(a.v, b.v)}; }
+// Written out instead of _mm512_reduce_*_ps, whose GCC 12 expansion trips -Wmaybe-uninitialized.
+inline float reduce_add(V a) {
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a.v), _mm512_extractf32x8_ps(a.v, 1));
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+inline float reduce_max(V a) {
+  const __m256 h = _mm256_max_ps(_mm512_castps512_ps256(a.v), _mm512_extractf32x8_ps(a.v, 1));
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+inline V round_nearest(V a) { return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)}; }
+inline V pow2i(V n) {  // 2^n for integral n in [-127, 128]
+  const __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(n.v), _mm512_set1_epi32(127));
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(e, 23))};
+}
+inline V keep_nan(V r, V x) {  // r where x is a number, x (NaN) elsewhere
+  return {_mm512_mask_mov_ps(r.v, _mm512_cmp_ps_mask(x.v, x.v, _CMP_UNORD_Q), x.v)};
+}
+#elif defined(__AVX2__)
+#define FT_SIMD_WIDTH 8
+struct V {
+  __m256 v;
+};
+inline V load(const float* p) { return {_mm256_loadu_ps(p)}; }
+inline void store(float* p, V a) { _mm256_storeu_ps(p, a.v); }
+inline V set1(float x) { return {_mm256_set1_ps(x)}; }
+inline V fma(V a, V b, V c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
+inline V add(V a, V b) { return {_mm256_add_ps(a.v, b.v)}; }
+inline V sub(V a, V b) { return {_mm256_sub_ps(a.v, b.v)}; }
+inline V mul(V a, V b) { return {_mm256_mul_ps(a.v, b.v)}; }
+inline V max(V a, V b) { return {_mm256_max_ps(a.v, b.v)}; }
+inline V min(V a, V b) { return {_mm256_min_ps(a.v, b.v)}; }
+inline float reduce_add(V a) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+inline float reduce_max(V a) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+inline V round_nearest(V a) { return {_mm256_round_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)}; }
+inline V pow2i(V n) {
+  const __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n.v), _mm256_set1_epi32(127));
+  return {_mm256_castsi256_ps(_mm256_slli_epi32(e, 23))};
+}
+inline V keep_nan(V r, V x) { return {_mm256_blendv_ps(r.v, x.v, _mm256_cmp_ps(x.v, x.v, _CMP_UNORD_Q))}; }
+#else
+#define FT_SIMD_WIDTH 0
+#endif
+
+#if FT_SIMD_WIDTH
+constexpr int W = FT_SIMD_WIDTH;
+
+// 2^x, the same polynomial and clamping as exp2_fast() in exp2.h (so every ISA rounds alike):
+// exact 0 for x <= -127, +inf for x >= 128, NaN stays NaN.
+inline V exp2(V x) {
+  // max/min return their second operand for NaN, so a NaN is clamped here and restored at the end.
+  const V xc = min(max(x, set1(-127.0f)), set1(128.0f));
+  const V n = round_nearest(xc);
+  const V f = sub(xc, n);
+  V p = set1(1.535336188319500e-4f);
+  p = fma(p, f, set1(1.339887440266574e-3f));
+  p = fma(p, f, set1(9.618437357674640e-3f));
+  p = fma(p, f, set1(5.550332471162809e-2f));
+  p = fma(p, f, set1(2.402264791363012e-1f));
+  p = fma(p, f, set1(6.931472028550421e-1f));
+  p = fma(p, f, set1(1.0f));
+  return keep_nan(mul(p, pow2i(n)), x);
+}
+#endif
+
+}  // namespace flashtile::cpu::simd
