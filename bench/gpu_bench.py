@@ -1,0 +1,211 @@
+#!/usr/bin/env python3
+"""FlashTile's CUDA backend against PyTorch SDPA's flash, efficient and cuDNN backends, in one process.
+
+Shapes (issue 4): bf16, 16k tokens in total (batch = 16384 // seqlen), d_model 2048 (heads = 2048 // hdim),
+hdim 64/128/256, seqlen 512..32k, causal and not, forward and backward. Timing: CUDA events around each
+call, warm-up first, median of --reps (>= 20) calls. TFLOP/s: forward 4*B*H*S^2*D (halved when causal),
+backward 2.5x forward. FlashTile is called through libflashtile_capi.so (ctypes, C ABI over the public
+API; see src/cuda/capi.cpp) on the same torch tensors the peers read.
+
+    python3 bench/gpu_bench.py --lib build/src/cuda/libflashtile_capi.so --json out.json --md out.md
+"""
+import argparse
+import ctypes
+import datetime
+import json
+import math
+import os
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+
+class FtTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("shape", ctypes.c_int64 * 4), ("stride", ctypes.c_int64 * 4),
+                ("rank", ctypes.c_int)]
+
+
+def ft_tensor(t):
+    s = FtTensor()
+    s.data = t.data_ptr()
+    for i in range(t.dim()):
+        s.shape[i] = t.shape[i]
+        s.stride[i] = t.stride(i)
+    s.rank = t.dim()
+    return s
+
+
+_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
+class FlashTile:
+    """ctypes binding of src/cuda/capi.cpp. Tensors are torch tensors in FlashTile's (B, S, H, D) layout."""
+
+    def __init__(self, path):
+        self.lib = ctypes.CDLL(path)
+        p = ctypes.POINTER(FtTensor)
+        self.lib.ft_forward.argtypes = [p] * 5 + [ctypes.c_int, ctypes.c_int, ctypes.c_double, ctypes.c_int,
+                                                  ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+        self.lib.ft_backward.argtypes = [p] * 9 + [ctypes.c_int, ctypes.c_int, ctypes.c_double, ctypes.c_int,
+                                                   ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                                                   ctypes.c_int]
+        self.msg = ctypes.create_string_buffer(4096)
+
+    def _dev(self, t):
+        return t.device.index if t.is_cuda else -1
+
+    def forward(self, q, k, v, out, lse, causal=False, scale=None, backend="cuda-sm80", strict=True):
+        ts = [ft_tensor(x) for x in (q, k, v, out, lse)]
+        rc = self.lib.ft_forward(*[ctypes.byref(x) for x in ts], _DTYPES[q.dtype], self._dev(q),
+                                 math.nan if scale is None else scale, int(causal), backend.encode(), int(strict),
+                                 self.msg, len(self.msg))
+        if rc != 0:
+            raise RuntimeError(f"ft_forward failed ({rc}): {self.msg.value.decode()}")
+        return self.msg.value.decode()
+
+    def backward(self, q, k, v, out, dout, lse, dq, dk, dv, causal=False, scale=None, deterministic=False,
+                 backend="cuda-sm80", strict=True):
+        ts = [ft_tensor(x) for x in (q, k, v, out, dout, lse, dq, dk, dv)]
+        rc = self.lib.ft_backward(*[ctypes.byref(x) for x in ts], _DTYPES[q.dtype], self._dev(q),
+                                  math.nan if scale is None else scale, int(causal), int(deterministic),
+                                  backend.encode(), int(strict), self.msg, len(self.msg))
+        if rc != 0:
+            raise RuntimeError(f"ft_backward failed ({rc}): {self.msg.value.decode()}")
+        return self.msg.value.decode()
+
+
+def find_lib(arg):
+    cands = [arg] if arg else []
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for b in ("build/gpu", "build/release", "build"):
+        cands.append(os.path.join(root, b, "src", "cuda", "libflashtile_capi.so"))
+    for c in cands:
+        if c and os.path.exists(c):
+            return c
+    sys.exit(f"libflashtile_capi.so not found (tried {cands}); build target flashtile_capi or pass --lib")
+
+
+def time_ms(fn, reps, warmup=5):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+PEERS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+         "cudnn": SDPBackend.CUDNN_ATTENTION}
+
+
+def bench_cell(ft, hdim, seqlen, causal, reps, tokens=16384, d_model=2048):
+    b, h = max(1, tokens // seqlen), d_model // hdim
+    dev = "cuda"
+    g = torch.Generator(device=dev).manual_seed(seqlen * 1000 + hdim + causal)
+    mk = lambda: torch.randn(b, seqlen, h, hdim, device=dev, dtype=torch.bfloat16, generator=g)
+    q, k, v, dout = mk(), mk(), mk(), mk()
+    out, lse = torch.empty_like(q), torch.empty(b, h, seqlen, device=dev, dtype=torch.float32)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    fwd_flops = 4.0 * b * h * seqlen * seqlen * hdim / (2 if causal else 1)
+    res = {"hdim": hdim, "seqlen": seqlen, "batch": b, "heads": h, "causal": causal}
+    # FlashTile
+    ft.forward(q, k, v, out, lse, causal=causal)
+    res["kernel_fwd"] = ft.forward(q, k, v, out, lse, causal=causal).split("\n")[0]
+    t = time_ms(lambda: ft.forward(q, k, v, out, lse, causal=causal), reps)
+    res["flashtile_fwd_ms"] = t
+    res["kernel_bwd"] = ft.backward(q, k, v, out, dout, lse, dq, dk, dv, causal=causal).split("\n")[0]
+    t = time_ms(lambda: ft.backward(q, k, v, out, dout, lse, dq, dk, dv, causal=causal), reps)
+    res["flashtile_bwd_ms"] = t
+    # Peers on the same data, torch layout (B, H, S, D) as views.
+    qt, kt, vt, dot = (x.transpose(1, 2) for x in (q, k, v, dout))
+    for name, backend in PEERS.items():
+        try:
+            with sdpa_kernel(backend):
+                qg, kg, vg = (x.detach().requires_grad_(True) for x in (qt, kt, vt))
+                t = time_ms(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal), reps)
+                res[f"{name}_fwd_ms"] = t
+                o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+                t = time_ms(lambda: torch.autograd.grad(o, (qg, kg, vg), dot, retain_graph=True), reps)
+                res[f"{name}_bwd_ms"] = t
+                del o, qg, kg, vg
+        except Exception as e:  # a peer that cannot run this shape is reported, not fatal
+            res[f"{name}_error"] = str(e).split("\n")[0][:200]
+    for key in list(res):
+        if key.endswith("_fwd_ms"):
+            res[key.replace("_ms", "_tflops")] = fwd_flops / (res[key] * 1e-3) / 1e12
+        elif key.endswith("_bwd_ms"):
+            res[key.replace("_ms", "_tflops")] = 2.5 * fwd_flops / (res[key] * 1e-3) / 1e12
+    del q, k, v, dout, out, lse, dq, dk, dv
+    torch.cuda.empty_cache()
+    return res
+
+
+def markdown(meta, rows):
+    lines = [f"# FlashTile cuda-sm80 vs PyTorch SDPA on {meta['gpu']}", "",
+             f"- date: {meta['date']}", f"- GPU: {meta['gpu']} (driver CUDA {meta['cuda']})",
+             f"- torch {meta['torch']}, cuDNN {meta['cudnn']}", f"- command: `{meta['command']}`",
+             f"- bf16, 16k tokens (batch = 16384 / seqlen), d_model 2048 (heads = 2048 / hdim); CUDA events, "
+             f"{meta['warmup']} warm-up calls, median of {meta['reps']}; TFLOP/s: fwd 4·B·H·S²·D (halved causal), "
+             "bwd 2.5× fwd; ratio = FlashTile TFLOP/s ÷ peer TFLOP/s", ""]
+    for direction in ("fwd", "bwd"):
+        lines += [f"## {'Forward' if direction == 'fwd' else 'Backward'}", "",
+                  "| hdim | seqlen | causal | FlashTile TF/s | flash TF/s | efficient TF/s | cuDNN TF/s "
+                  "| ÷flash | ÷efficient | ÷cuDNN |",
+                  "|---:|---:|:---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in rows:
+            ft = r.get(f"flashtile_{direction}_tflops")
+            cells = [str(r["hdim"]), str(r["seqlen"]), "yes" if r["causal"] else "no", f"{ft:.0f}" if ft else "-"]
+            ratios = []
+            for peer in ("flash", "efficient", "cudnn"):
+                p = r.get(f"{peer}_{direction}_tflops")
+                cells.append(f"{p:.0f}" if p else "n/a")
+                ratios.append(f"{ft / p:.2f}" if (p and ft) else "n/a")
+            lines.append("| " + " | ".join(cells + ratios) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lib", default=None)
+    ap.add_argument("--hdims", default="64,128,256")
+    ap.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384,32768")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--md", default=None)
+    args = ap.parse_args()
+    assert args.reps >= 20, "median of at least 20 calls"
+    ft = FlashTile(find_lib(args.lib))
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "gpu": torch.cuda.get_device_name(), "cuda": torch.version.cuda, "torch": torch.__version__,
+            "cudnn": str(torch.backends.cudnn.version()), "reps": args.reps, "warmup": 5,
+            "command": "python3 bench/gpu_bench.py " + " ".join(sys.argv[1:])}
+    rows = []
+    for hdim in (int(x) for x in args.hdims.split(",")):
+        for seqlen in (int(x) for x in args.seqlens.split(",")):
+            for causal in (False, True):
+                r = bench_cell(ft, hdim, seqlen, causal, args.reps)
+                rows.append(r)
+                print(f"hdim {hdim:3d} seqlen {seqlen:5d} causal {int(causal)}: "
+                      + " ".join(f"{k[:-7]}={r[k]:.0f}" for k in r if k.endswith("_tflops")), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    md = markdown(meta, rows)
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(md + "\n")
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# GPU check for the CUDA backend, run on the GPU machine with the repository as cwd:
+#   build (ninja, all cores) -> GPU tests (GoogleTest, float64 oracle) -> torch parity (math SDPA, float64)
+#   -> compute-sanitizer memcheck + racecheck on small shapes -> benchmark -> short table last.
+# Logs and JSON go to $OUT (default ./gpu-check-out).
+#
+# Environment:
+#   FT_ARCHS=90            SASS architectures (FLASHTILE_CUDA_ARCHS); the H200 needs 90 only
+#   FT_KERNELS=all         FLASHTILE_CUDA_KERNELS subset, e.g. "hdim64;hdim128"
+#   FT_BUILD=build/gpu     build directory
+#   FT_PYTHON=auto         build + pip install the Python package (auto: when python/ and pyproject.toml exist)
+#   FT_STEPS="tests parity sanitize bench"   which steps to run after the build
+#   FT_BENCH_ARGS=""       extra arguments for bench/gpu_bench.py (e.g. "--hdims 128 --seqlens 1024,8192")
+#   CUTLASS_DIR            CuTe headers (default: .carry/cutlass/include if present, else the pip package)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+OUT=${OUT:-$ROOT/gpu-check-out}
+mkdir -p "$OUT"
+ARCHS=${FT_ARCHS:-90}
+KERNELS=${FT_KERNELS:-all}
+BUILD=${FT_BUILD:-build/gpu}
+STEPS=${FT_STEPS:-tests parity sanitize bench}
+JOBS=$(nproc)
+SUMMARY=$OUT/summary.txt
+: > "$SUMMARY"
+note() { echo "$*" | tee -a "$SUMMARY"; }
+has_step() { [[ " $STEPS " == *" $1 "* ]]; }
+
+note "== gpu_check $(date -u +%FT%TZ) on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
+note "archs=$ARCHS kernels=$KERNELS jobs=$JOBS steps='$STEPS'"
+
+# --- dependencies that a bare GPU machine may lack ------------------------------------------------------------
+if [[ -z "${CUTLASS_DIR:-}" && -d .carry/cutlass/include ]]; then CUTLASS_DIR=$ROOT/.carry/cutlass/include; fi
+CMAKE_EXTRA=()
+[[ -n "${CUTLASS_DIR:-}" ]] && CMAKE_EXTRA+=("-DCUTLASS_DIR=$CUTLASS_DIR")
+if ! ls /usr/lib/x86_64-linux-gnu/libgtest.a /usr/lib/libgtest.a /usr/local/lib/libgtest.a >/dev/null 2>&1; then
+  if [[ -d .carry/googletest ]]; then  # build GoogleTest from carried sources
+    cmake -S .carry/googletest -B /tmp/gtest-build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_INSTALL_PREFIX=/tmp/gtest-install >/dev/null && ninja -C /tmp/gtest-build install >/dev/null \
+      && CMAKE_EXTRA+=("-DCMAKE_PREFIX_PATH=/tmp/gtest-install") && note "GoogleTest: built from .carry/googletest"
+  fi
+fi
+
+# --- build -------------------------------------------------------------------------------------------------
+t0=$(date +%s)
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHTILE_WITH_CUDA=ON \
+  -DFLASHTILE_CUDA_ARCHS="$ARCHS" -DFLASHTILE_CUDA_PTX=OFF -DFLASHTILE_CUDA_KERNELS="$KERNELS" \
+  -DFLASHTILE_BUILD_APPS=OFF -DFLASHTILE_WERROR=OFF "${CMAKE_EXTRA[@]}" > "$OUT/build.log" 2>&1 \
+  || { tail -30 "$OUT/build.log"; note "BUILD: cmake failed"; exit 1; }
+TARGETS=(flashtile_capi)
+if ninja -C "$BUILD" -t targets all 2>/dev/null | grep -q '^flashtile_gpu_tests:'; then TARGETS+=(flashtile_gpu_tests); fi
+ninja -C "$BUILD" -j "$JOBS" "${TARGETS[@]}" >> "$OUT/build.log" 2>&1 \
+  || { grep -m20 -B2 -A5 "error" "$OUT/build.log"; note "BUILD: ninja failed"; exit 1; }
+TESTBIN=$BUILD/tests/gpu/flashtile_gpu_tests
+if [[ ! -x $TESTBIN ]]; then  # tests/CMakeLists.txt without add_subdirectory(gpu): link the GPU tests directly
+  TESTBIN=$BUILD/flashtile_gpu_tests
+  GTEST_FLAGS=$( [[ -d /tmp/gtest-install ]] && echo "-I/tmp/gtest-install/include -L/tmp/gtest-install/lib" )
+  g++ -std=c++20 -O2 -Itests -Isrc -Iinclude -isystem /usr/local/cuda/include $GTEST_FLAGS \
+    tests/support.cpp tests/gpu/test_gpu_*.cpp "$BUILD/src/libflashtile.a" -lgtest_main -lgtest \
+    -L/usr/local/cuda/lib64 -lcudart_static -fopenmp -lpthread -ldl -lrt -o "$TESTBIN" >> "$OUT/build.log" 2>&1 \
+    || { tail -20 "$OUT/build.log"; note "BUILD: GPU test link failed"; exit 1; }
+fi
+grep -h "spill" "$OUT/build.log" | sed "s/.*function //" | sort -u > "$BUILD/spills.txt"
+note "BUILD: ok in $(( $(date +%s) - t0 )) s ($(grep -c 'Building CUDA' "$OUT/build.log") CUDA objects); spilling kernels: $(wc -l < "$BUILD/spills.txt")"; sed "s/^/  spill: /" "$BUILD/spills.txt" | tee -a "$SUMMARY"
+
+PY=${FT_PYTHON:-auto}
+if [[ $PY == auto ]]; then PY=$([[ -d python && -f pyproject.toml ]] && echo 1 || echo 0); fi
+if [[ $PY == 1 ]]; then
+  t0=$(date +%s)
+  CMAKE_ARGS="-DFLASHTILE_CUDA_ARCHS=$ARCHS -DFLASHTILE_CUDA_PTX=OFF -DFLASHTILE_CUDA_KERNELS=$KERNELS ${CMAKE_EXTRA[*]}" \
+    python3 -m pip install -q --no-build-isolation --no-deps -Cbuild.tool-args=-j$JOBS . >> "$OUT/build.log" 2>&1 \
+    && note "PYTHON: package installed in $(( $(date +%s) - t0 )) s" || note "PYTHON: pip install failed (see build.log)"
+fi
+
+CAPI=$ROOT/$BUILD/src/cuda/libflashtile_capi.so
+export FLASHTILE_CAPI=$CAPI PYTHONUNBUFFERED=1
+
+# --- GPU tests --------------------------------------------------------------------------------------------
+if has_step tests; then
+  t0=$(date +%s)
+  "$TESTBIN" --gtest_brief=1 > "$OUT/tests.log" 2>&1
+  rc=$?
+  passed=$(grep -c '^\[       OK \]' "$OUT/tests.log")
+  line=$(grep -E '^\[  (PASSED|FAILED|SKIPPED) \]' "$OUT/tests.log" | tr '\n' ' ')
+  note "TESTS: rc=$rc $line($(( $(date +%s) - t0 )) s)"
+  grep -E '^\[  FAILED  \]' "$OUT/tests.log" | head -40 | tee -a "$SUMMARY"
+fi
+
+if has_step parity; then
+  if python3 -c "import torch" 2>/dev/null; then
+    python3 tests/gpu/test_torch_parity.py --lib "$CAPI" > "$OUT/parity.log" 2>&1
+    note "PARITY (torch math SDPA, float64): rc=$? $(tail -1 "$OUT/parity.log")"
+  else
+    note "PARITY: skipped (torch not importable)"
+  fi
+fi
+
+if has_step sanitize; then
+  if command -v compute-sanitizer >/dev/null; then
+    t0=$(date +%s)
+    compute-sanitizer --tool memcheck --error-exitcode 3 "$TESTBIN" --gtest_filter='Small/*:GpuDispatch.*' \
+      --gtest_brief=1 > "$OUT/sanitizer.log" 2>&1
+    note "MEMCHECK: rc=$? $(grep -m1 'ERROR SUMMARY' "$OUT/sanitizer.log") $(grep -cE '^\[       OK \]' "$OUT/sanitizer.log") tests ok"
+    compute-sanitizer --tool racecheck --error-exitcode 3 "$TESTBIN" \
+      --gtest_filter='Small/*q17_k65*:Small/*q130_k130*d64*' --gtest_brief=1 >> "$OUT/sanitizer.log" 2>&1
+    note "RACECHECK: rc=$? $(grep 'RACECHECK SUMMARY\|ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1) ($(( $(date +%s) - t0 )) s)"
+  else
+    note "SANITIZER: compute-sanitizer not found"
+  fi
+fi
+
+if has_step bench; then
+  python3 bench/gpu_bench.py --lib "$CAPI" --json "$OUT/bench.json" --md "$OUT/bench.md" ${FT_BENCH_ARGS:-} \
+    > "$OUT/bench.log" 2>&1
+  note "BENCH: rc=$?"
+fi
+
+echo
+cat "$SUMMARY"
+if [[ -f $OUT/bench.md ]]; then
+  echo
+  # the short table: FlashTile TF/s and its ratio to torch's flash backend, per cell
+  python3 - "$OUT/bench.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(f"{'hdim':>4} {'seq':>6} {'c':>1} | {'fwd TF':>6} {'/flash':>6} {'/cudnn':>6} | {'bwd TF':>6} {'/flash':>6} {'/cudnn':>6}")
+for r in d["rows"]:
+    def g(k): return r.get(k)
+    def ratio(a, b): return f"{g(a)/g(b):6.2f}" if g(a) and g(b) else "   n/a"
+    print(f"{r['hdim']:4d} {r['seqlen']:6d} {int(r['causal']):1d} | {g('flashtile_fwd_tflops') or 0:6.0f} "
+          f"{ratio('flashtile_fwd_tflops','flash_fwd_tflops')} {ratio('flashtile_fwd_tflops','cudnn_fwd_tflops')} | "
+          f"{g('flashtile_bwd_tflops') or 0:6.0f} {ratio('flashtile_bwd_tflops','flash_bwd_tflops')} "
+          f"{ratio('flashtile_bwd_tflops','cudnn_bwd_tflops')}")
+PY
+fi
