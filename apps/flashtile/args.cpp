@@ -67,6 +67,7 @@ Args parse_args(const std::vector<std::string>& argv) {
     else if (f == "--threads") a.threads = static_cast<int>(to_int(f, value(), 0));
     else if (f == "--iters") a.iters = static_cast<int>(to_int(f, value(), 1));
     else if (f == "--backward") a.backward = true;
+    else if (f == "--json") a.json = true;
     else if (f == "--seed") a.seed = static_cast<std::uint64_t>(to_int(f, value(), 0));
     else throw InvalidArgument("unknown flag '" + f + "'\n" + usage());
   }
@@ -80,7 +81,7 @@ std::string usage() {
          "       flashtile bench [flags]   time and GFLOP/s of FlashTile and standard attention in one run\n"
          "flags: --batch N --heads N --kv-heads N --seqlen N | --seqlen-q N --seqlen-k N --hdim N --hdim-v N\n"
          "       --dtype float32|float16|bfloat16 --causal --backend auto|cpu-flash|cpu-reference|...\n"
-         "       --threads N --iters N --backward --seed N\n";
+         "       --threads N --iters N --backward --seed N --json\n";
 }
 
 }  // namespace flashtile::app

@@ -1,6 +1,6 @@
 // The flag vocabulary shared by `flashtile check` and `flashtile bench` (and the GPU benchmark):
 // --batch --heads --kv-heads --seqlen-q --seqlen-k --seqlen --hdim --hdim-v --dtype --causal --backend
-// plus --threads --iters --backward --seed.
+// plus --threads --iters --backward --seed --json.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +29,7 @@ struct Args {
   int threads = 0;
   int iters = 5;
   bool backward = false;
+  bool json = false;  // bench: also print one JSON object with every figure
   std::uint64_t seed = 0;  // 0 = fresh
 };
 

@@ -188,8 +188,11 @@ int run_bench(const Args& a) {
   std::vector<float> so(static_cast<std::size_t>(p.out.numel())), sl(static_cast<std::size_t>(p.lse.numel()));
   StandardAttention standard(s, threads);
   const double ffl = s.forward_flops();
-  const Run sf = measure([&] { standard.forward(qf.data(), kf.data(), vf.data(), so.data(), sl.data()); }, a.iters, 1,
-                         "standard forward");
+  // P is freed after each timed forward so that every run's allocation of it is measured.
+  const Run sf = measure([&] {
+    standard.forward(qf.data(), kf.data(), vf.data(), so.data(), sl.data());
+    standard.release();
+  }, a.iters, 1, "standard forward");
   DispatchReport rep;
   const Run ff = measure([&] { rep = forward(p.q.view(), p.k.view(), p.v.view(), p.out.view(), p.lse.view(), o); },
                          a.iters, 1, "flashtile forward");
@@ -198,13 +201,18 @@ int run_bench(const Args& a) {
               bytes_str(sf.peak_extra).c_str());
   std::printf("  %-22s %8.4f s %10.1f %12s   %.2fx standard\n", "flashtile fwd", ff.seconds, ffl / ff.seconds * 1e-9,
               bytes_str(ff.peak_extra).c_str(), sf.seconds / ff.seconds);
+  struct {
+    Run standard, flash;
+    std::int64_t p_bytes = 0;
+  } bwd;
   if (a.backward) {
     const double bfl = 2.5 * ffl;
     std::vector<float> dq(qf.size()), dk(kf.size()), dv(vf.size());
-    const Run sb = measure([&] { standard.backward(qf.data(), kf.data(), vf.data(), gf.data(), dq.data(), dk.data(), dv.data()); },
+    standard.forward(qf.data(), kf.data(), vf.data(), so.data(), sl.data());  // backward needs P
+    const Run sb = bwd.standard = measure([&] { standard.backward(qf.data(), kf.data(), vf.data(), gf.data(), dq.data(), dk.data(), dv.data()); },
                            a.iters, 1, "standard backward");
-    const std::int64_t p_bytes = s.batch * s.heads * s.seqlen_q * s.sk() * 4;
-    const Run fb = measure([&] {
+    const std::int64_t p_bytes = bwd.p_bytes = s.batch * s.heads * s.seqlen_q * s.sk() * 4;
+    const Run fb = bwd.flash = measure([&] {
       rep = backward(p.q.view(), p.k.view(), p.v.view(), p.out.view(), p.dout.view(), p.lse.view(), p.dq.view(),
                      p.dk.view(), p.dv.view(), o);
     }, a.iters, 1, "flashtile backward");
@@ -214,6 +222,19 @@ int run_bench(const Args& a) {
                 bytes_str(fb.peak_extra).c_str(), sb.seconds / fb.seconds);
   }
   std::printf("kernel: %s\n", rep.to_string().c_str());
+  if (a.json) {
+    std::printf("{\"shape\": \"%s\", \"threads\": %d, \"iters\": %d, \"isa\": \"%s\", \"kernel\": \"%s\", "
+                "\"fwd_flops\": %.6e, \"standard_fwd_s\": %.6e, \"flash_fwd_s\": %.6e, "
+                "\"standard_fwd_peak_bytes\": %lld, \"flash_fwd_peak_bytes\": %lld",
+                s.describe().c_str(), threads, a.iters, rep.ran.isa.c_str(), rep.ran.kernel.c_str(), ffl, sf.seconds,
+                ff.seconds, static_cast<long long>(sf.peak_extra), static_cast<long long>(ff.peak_extra));
+    if (a.backward)
+      std::printf(", \"standard_bwd_s\": %.6e, \"flash_bwd_s\": %.6e, \"standard_bwd_peak_bytes\": %lld, "
+                  "\"standard_p_bytes\": %lld, \"flash_bwd_peak_bytes\": %lld",
+                  bwd.standard.seconds, bwd.flash.seconds, static_cast<long long>(bwd.standard.peak_extra),
+                  static_cast<long long>(bwd.p_bytes), static_cast<long long>(bwd.flash.peak_extra));
+    std::printf("}\n");
+  }
   return 0;
 }
 

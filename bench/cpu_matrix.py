@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Runs the CPU benchmark matrix of issue 5 and writes bench/results/cpu.md and cpu.json.
+
+Every cell is one `flashtile bench` process: FlashTile and standard attention (OpenBLAS sgemm, one BLAS thread
+per OpenMP worker, S and P materialised for all heads) on the same inputs, in the same binary, back to back.
+OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE are removed from the environment of these processes only, since they
+slow OpenBLAS down on this machine (design.md, "Measuring").
+
+usage: python3 bench/cpu_matrix.py [--build build/cpu] [--quick]
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+
+
+def cpu_model():
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def cpu_flags():
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("flags"):
+                flags = line.split(":", 1)[1].split()
+                return [x for x in flags if x.startswith(("avx", "fma", "f16c", "amx"))]
+    return []
+
+
+def run(cmd, env):
+    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="build/cpu")
+    ap.add_argument("--quick", action="store_true", help="S up to 2048 only (a smoke run)")
+    ap.add_argument("--out", default="bench/results")
+    args = ap.parse_args()
+    cli = os.path.join(args.build, "apps/flashtile/flashtile")
+    peak = os.path.join(args.build, "bench/flashtile_fma_peak")
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+    env["OPENBLAS_NUM_THREADS"] = "1"
+
+    peaks = {p["threads"]: p for p in run([peak], env)}
+    seqlens = [512, 1024, 2048] if args.quick else [512, 1024, 2048, 4096, 8192]
+    cells = []
+    for threads in (1, 2):
+        for d in (64, 128):
+            for causal in (False, True):
+                for s in seqlens:
+                    iters = 5 if s <= 2048 else 3
+                    cmd = [cli, "bench", "--heads", "8", "--hdim", str(d), "--seqlen", str(s), "--threads", str(threads),
+                           "--iters", str(iters), "--backward", "--json"] + (["--causal"] if causal else [])
+                    print(" ".join(cmd), file=sys.stderr, flush=True)
+                    r = run(cmd, dict(env, OMP_NUM_THREADS=str(threads)))[-1]
+                    r.update(threads=threads, hdim=d, causal=causal, seqlen=s)
+                    cells.append(r)
+                    print(f"  fwd {r['fwd_flops'] / r['flash_fwd_s'] * 1e-9:7.1f} GFLOP/s "
+                          f"({r['standard_fwd_s'] / r['flash_fwd_s']:.2f}x standard), bwd "
+                          f"{2.5 * r['fwd_flops'] / r['flash_bwd_s'] * 1e-9:7.1f} GFLOP/s "
+                          f"({r['standard_bwd_s'] / r['flash_bwd_s']:.2f}x)", file=sys.stderr, flush=True)
+
+    os.makedirs(args.out, exist_ok=True)
+    meta = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": cpu_model(), "cores": os.cpu_count(), "flags": cpu_flags(), "fma_peak": peaks,
+        "command": "python3 bench/cpu_matrix.py" + (" --quick" if args.quick else ""),
+    }
+    with open(os.path.join(args.out, "cpu.json"), "w") as f:
+        json.dump({"meta": meta, "cells": cells}, f, indent=1)
+
+    gf = lambda flops, sec: flops / sec * 1e-9
+    mib = lambda b: f"{b / 2**20:.1f}"
+    lines = [
+        "# CPU benchmark: FlashTile vs standard attention",
+        "",
+        f"- date: {meta['date']}",
+        f"- machine: {meta['cpu']}, {meta['cores']} cores; SIMD flags: {' '.join(meta['flags'])}",
+        "- FMA peak measured by bench/fma_peak.cpp in the same run: "
+        + ", ".join(f"{t} thread{'s' if t > 1 else ''}: {p['gflops']:.0f} GFLOP/s ({p['isa']})" for t, p in peaks.items()),
+        f"- command: `{meta['command']}` (each cell: `flashtile bench --heads 8 --hdim D --seqlen S --threads T "
+        "--backward [--causal]`, OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset, OPENBLAS_NUM_THREADS=1)",
+        "- standard attention: float32, OpenBLAS sgemm, S and P materialised for all 8 heads, one BLAS thread per "
+        "OpenMP worker; FlashTile: cpu-flash, float32, ISA path in the table",
+        "- GFLOP/s: forward 4·B·H·S²·D (causal: visible scores only), backward 2.5× forward; time is the median of "
+        "3–5 runs after a warm-up; ratio = standard time / FlashTile time (> 1: FlashTile faster)",
+        "- peak extra: heap bytes above inputs and outputs during the call (standard backward: dP; its P, kept "
+        "from forward, is the 'P' column)",
+        "",
+        "| threads | D | causal | S | FT fwd GFLOP/s | std fwd GFLOP/s | fwd ratio | FT bwd GFLOP/s | std bwd GFLOP/s "
+        "| bwd ratio | FT fwd peak MiB | std fwd peak MiB | FT bwd peak MiB | std bwd peak MiB | P MiB | ISA |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in cells:
+        fl = c["fwd_flops"]
+        lines.append(
+            f"| {c['threads']} | {c['hdim']} | {'yes' if c['causal'] else 'no'} | {c['seqlen']} "
+            f"| {gf(fl, c['flash_fwd_s']):.1f} | {gf(fl, c['standard_fwd_s']):.1f} "
+            f"| {c['standard_fwd_s'] / c['flash_fwd_s']:.2f} "
+            f"| {gf(2.5 * fl, c['flash_bwd_s']):.1f} | {gf(2.5 * fl, c['standard_bwd_s']):.1f} "
+            f"| {c['standard_bwd_s'] / c['flash_bwd_s']:.2f} "
+            f"| {mib(c['flash_fwd_peak_bytes'])} | {mib(c['standard_fwd_peak_bytes'])} "
+            f"| {mib(c['flash_bwd_peak_bytes'])} | {mib(c['standard_bwd_peak_bytes'])} | {mib(c['standard_p_bytes'])} "
+            f"| {c['isa']} |")
+    with open(os.path.join(args.out, "cpu.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
