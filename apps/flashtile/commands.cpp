@@ -112,7 +112,8 @@ int run_demo() {
                 bytes_str(c.flash.run.peak_extra).c_str());
   }
   std::printf("  standard attention stores S/P for every head: B*H*S^2*4 bytes, quadratic in S;\n"
-              "  FlashTile keeps one tile per thread and never stores S or P: constant here, linear at most.\n");
+              "  FlashTile never stores S or P: per thread one set of tiles and a float copy of one KV head's\n"
+              "  K and V (2*S*D*4 bytes), linear in S.\n");
   return all_within ? 0 : 1;
 }
 
