@@ -79,7 +79,7 @@ export FLASHTILE_CAPI=$CAPI PYTHONUNBUFFERED=1
 # --- GPU tests --------------------------------------------------------------------------------------------
 if has_step tests; then
   t0=$(date +%s)
-  "$TESTBIN" --gtest_brief=1 > "$OUT/tests.log" 2>&1
+  timeout ${FT_TEST_TIMEOUT:-300} "$TESTBIN" --gtest_brief=1 > "$OUT/tests.log" 2>&1
   rc=$?
   passed=$(grep -c '^\[       OK \]' "$OUT/tests.log")
   line=$(grep -E '^\[  (PASSED|FAILED|SKIPPED) \]' "$OUT/tests.log" | tr '\n' ' ')
@@ -89,7 +89,7 @@ fi
 
 if has_step parity; then
   if python3 -c "import torch" 2>/dev/null; then
-    python3 tests/gpu/test_torch_parity.py --lib "$CAPI" > "$OUT/parity.log" 2>&1
+    timeout 180 python3 tests/gpu/test_torch_parity.py --lib "$CAPI" > "$OUT/parity.log" 2>&1
     note "PARITY (torch math SDPA, float64): rc=$? $(tail -1 "$OUT/parity.log")"
   else
     note "PARITY: skipped (torch not importable)"
@@ -99,10 +99,10 @@ fi
 if has_step sanitize; then
   if command -v compute-sanitizer >/dev/null; then
     t0=$(date +%s)
-    compute-sanitizer --tool memcheck --error-exitcode 3 "$TESTBIN" --gtest_filter='Small/*:GpuDispatch.*' \
+    timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 "$TESTBIN" --gtest_filter='Small/*:GpuDispatch.*' \
       --gtest_brief=1 > "$OUT/sanitizer.log" 2>&1
-    note "MEMCHECK: rc=$? $(grep -m1 'ERROR SUMMARY' "$OUT/sanitizer.log") $(grep -cE '^\[       OK \]' "$OUT/sanitizer.log") tests ok"
-    compute-sanitizer --tool racecheck --error-exitcode 3 "$TESTBIN" \
+    note "MEMCHECK: rc=$? $(grep -m1 'ERROR SUMMARY' "$OUT/sanitizer.log") $(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$OUT/sanitizer.log" | tr '\n' ' ')"
+    timeout 180 compute-sanitizer --tool racecheck --error-exitcode 3 "$TESTBIN" \
       --gtest_filter='Small/*q17_k65*:Small/*q130_k130*d64*' --gtest_brief=1 >> "$OUT/sanitizer.log" 2>&1
     note "RACECHECK: rc=$? $(grep 'RACECHECK SUMMARY\|ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1) ($(( $(date +%s) - t0 )) s)"
   else
@@ -111,7 +111,7 @@ if has_step sanitize; then
 fi
 
 if has_step bench; then
-  python3 bench/gpu_bench.py --lib "$CAPI" --json "$OUT/bench.json" --md "$OUT/bench.md" ${FT_BENCH_ARGS:-} \
+  timeout ${FT_BENCH_TIMEOUT:-400} python3 bench/gpu_bench.py --lib "$CAPI" --json "$OUT/bench.json" --md "$OUT/bench.md" ${FT_BENCH_ARGS:-} \
     > "$OUT/bench.log" 2>&1
   note "BENCH: rc=$?"
 fi

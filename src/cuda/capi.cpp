@@ -72,8 +72,10 @@ int guarded(char* msg, int len, F&& f) {
 
 extern "C" {
 
+#define FT_EXPORT __attribute__((visibility("default")))
+
 // scale: NaN for the default 1/sqrt(D). device: -1 for host memory, else the CUDA device index.
-int ft_forward(const ft_tensor* q, const ft_tensor* k, const ft_tensor* v, const ft_tensor* out,
+FT_EXPORT int ft_forward(const ft_tensor* q, const ft_tensor* k, const ft_tensor* v, const ft_tensor* out,
                const ft_tensor* lse, int dtype, int device, double scale, int causal, const char* backend, int strict,
                char* msg, int msg_len) {
   return guarded(msg, msg_len, [&] {
@@ -84,7 +86,7 @@ int ft_forward(const ft_tensor* q, const ft_tensor* k, const ft_tensor* v, const
   });
 }
 
-int ft_backward(const ft_tensor* q, const ft_tensor* k, const ft_tensor* v, const ft_tensor* out,
+FT_EXPORT int ft_backward(const ft_tensor* q, const ft_tensor* k, const ft_tensor* v, const ft_tensor* out,
                 const ft_tensor* dout, const ft_tensor* lse, const ft_tensor* dq, const ft_tensor* dk,
                 const ft_tensor* dv, int dtype, int device, double scale, int causal, int deterministic,
                 const char* backend, int strict, char* msg, int msg_len) {
