@@ -177,7 +177,7 @@ def markdown(meta, rows):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lib", default=None)
-    ap.add_argument("--hdims", default="64,128,256")
+    ap.add_argument("--hdims", default="128,64,256")
     ap.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384,32768")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--json", default=None)
@@ -197,9 +197,10 @@ def main():
                 rows.append(r)
                 print(f"hdim {hdim:3d} seqlen {seqlen:5d} causal {int(causal)}: "
                       + " ".join(f"{k[:-7]}={r[k]:.0f}" for k in r if k.endswith("_tflops")), flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+                if args.json:  # rewritten after every cell, so a run cut short keeps what it measured
+                    with open(args.json, "w") as f:
+                        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    rows.sort(key=lambda r: (r["hdim"], r["seqlen"], r["causal"]))
     md = markdown(meta, rows)
     if args.md:
         with open(args.md, "w") as f:
