@@ -2,7 +2,7 @@
 # CI for the Python package: `pip install .` (with -Werror on the binding), then the pytest suite.
 #
 # torch: the suite's torch tests (autograd against torch's math SDPA, torch.compile) skip without torch.
-# PyPI's torch for Linux is the CUDA build: measured here, `pip install torch` took 111 s and brought
+# PyPI's torch for Linux is the CUDA build: measured here, `pip install torch` took 111 s and 115 s and brought
 # ~3.0 GB of wheels (5.2 GB installed). That fits CI's budget, so when the interpreter has no torch this
 # script installs it into a venv that sees the system site-packages (FLASHTILE_TORCH_VENV, kept between
 # runs on the same machine) and runs the suite with that venv's python. FLASHTILE_CI_TORCH=0 skips it; a
@@ -31,12 +31,12 @@ TEST_PY=$PY
 if ! "$PY" -c "import torch" 2>/dev/null && [ "${FLASHTILE_CI_TORCH:-1}" = 1 ]; then
   VENV=${FLASHTILE_TORCH_VENV:-$HOME/.cache/flashtile/torch-venv}
   if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
-    free_gb=$(df -Pk "$(dirname "$VENV")" 2>/dev/null | awk 'NR==2 {print int($4 / 1048576)}' || echo 0)
+    mkdir -p "$(dirname "$VENV")"
+    free_gb=$(df -Pk "$(dirname "$VENV")" | awk 'NR==2 {print int($4 / 1048576)}')
     if [ "${free_gb:-0}" -lt 8 ]; then
       echo "WARNING: ${free_gb} GB free; not installing torch (needs ~6 GB): torch tests will skip"
     else
       echo "== installing torch into $VENV"
-      mkdir -p "$(dirname "$VENV")"
       start=$(date +%s)
       if "$PY" -m venv --system-site-packages "$VENV" &&
          "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check torch; then

@@ -119,8 +119,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 def explain(q, k, v, *, softmax_scale=None, causal=False, backend="auto", strict=False, backward=False,
             deterministic=False):
     """The DispatchReport of the kernel that flash_attn_func (or, with backward=True, its backward) would
-    run for these arguments, with every refused backend's reasons. Validates like the real call and
-    raises the same errors; reads no data. str(report) is a readable summary, report.to_dict() a dict."""
+    run for these arguments, with every refused backend's reasons; reads no data. Bad arguments raise the
+    same errors as the real call; when no backend could run it, report.backend is "" and every refusal is
+    listed. str(report) is a readable summary, report.to_dict() a dict."""
     path = _path(q)
     kwargs = dict(softmax_scale=softmax_scale, causal=causal, backend=backend, strict=strict)
     if path is _torch_ops:

@@ -1,12 +1,11 @@
 """torch.library custom ops flashtile::fwd and flashtile::bwd, with autograd and fake (meta) kernels.
 
 Imported by the package only when torch is importable. Outputs are allocated with torch.empty on the
-inputs' device and handed to the C++ library through DLPack, so the same code serves CPU tensors and,
-once the CUDA backend exists, CUDA tensors (the device is read from the tensor).
+inputs' device and handed to the C++ library through DLPack, so the same code serves CPU and CUDA
+tensors: the library reads the device (DLPack device type and index) from the tensors.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: torch.library.custom_op reads these annotations as types.
 from typing import Optional, Tuple
 
 import torch
@@ -15,6 +14,25 @@ from . import _core
 from ._common import check_float, check_rank, kind_name, record
 
 Tensor = torch.Tensor
+
+
+def _on_library_stream(device: torch.device, call):
+    """Runs call() ordered after the caller's pending work on `device` and before its later work.
+
+    The CUDA backend launches on the legacy default stream (the C++ API has no stream argument yet),
+    which is torch's default stream. When the caller has made another stream current, that stream's work
+    on the inputs must finish before the kernels start, and its later work must wait for the outputs."""
+    if device.type != "cuda":
+        return call()
+    current = torch.cuda.current_stream(device)
+    default = torch.cuda.default_stream(device)
+    if current == default:
+        return call()
+    default.wait_stream(current)
+    try:
+        return call()
+    finally:
+        current.wait_stream(default)
 
 
 def _fwd_shapes(q: Tensor, v: Tensor):
@@ -31,8 +49,9 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional[float], causal:
     lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
     # detach(): torch refuses to export tensors that require grad through DLPack; autograd is handled
     # by the op's registered backward, not by looking into this function.
-    record(_core.forward(q.detach(), k.detach(), v.detach(), out, lse, softmax_scale=softmax_scale,
-                         causal=causal, backend=backend, strict=strict))
+    record(_on_library_stream(q.device, lambda: _core.forward(
+        q.detach(), k.detach(), v.detach(), out, lse, softmax_scale=softmax_scale, causal=causal,
+        backend=backend, strict=strict)))
     return out, lse
 
 
@@ -51,9 +70,10 @@ def bwd(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor, lse: Tensor,
     alloc = torch.zeros if q.shape[1] == 0 else torch.empty
     dk = alloc(k.shape, dtype=q.dtype, device=q.device)
     dv = alloc(v.shape, dtype=q.dtype, device=q.device)
-    record(_core.backward(q.detach(), k.detach(), v.detach(), out.detach(), dout.detach(), lse.detach(), dq, dk,
-                          dv, softmax_scale=softmax_scale, causal=causal, backend=backend, strict=strict,
-                          deterministic=deterministic))
+    record(_on_library_stream(q.device, lambda: _core.backward(
+        q.detach(), k.detach(), v.detach(), out.detach(), dout.detach(), lse.detach(), dq, dk, dv,
+        softmax_scale=softmax_scale, causal=causal, backend=backend, strict=strict,
+        deterministic=deterministic)))
     return dq, dk, dv
 
 

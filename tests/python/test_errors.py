@@ -98,7 +98,7 @@ def test_bad_options(qkv):
     q, k, v = qkv
     with pytest.raises(ValueError, match=r"^softmax_scale: must be finite"):
         call(q, k, v, softmax_scale=float("inf"))
-    with pytest.raises(ValueError, match=r"^backend: unknown backend 'cuda-sm999'; this build has: auto, cpu-flash"):
+    with pytest.raises(ValueError, match=r"^backend: unknown backend 'cuda-sm999'; this build has: auto, .*cpu-flash"):
         call(q, k, v, backend="cuda-sm999")
     with pytest.raises(ValueError, match=r"^dropout_p: FlashTile has no dropout"):
         call(q, k, v, dropout_p=0.1)
