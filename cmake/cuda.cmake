@@ -1,11 +1,19 @@
 # Resolves FLASHTILE_WITH_CUDA (AUTO | ON | OFF) to ON or OFF. The CUDA backend itself lives in src/cuda.
+# AUTO means: ON when nvcc and the CUTLASS/CuTe headers are both found (an isolated pip build sees no
+# nvidia-cutlass, so it builds the CPU package instead of failing); ON insists and fails with a message.
+include(${CMAKE_CURRENT_LIST_DIR}/cutlass.cmake)
 string(TOUPPER "${FLASHTILE_WITH_CUDA}" _ft_cuda)
 if(_ft_cuda STREQUAL "AUTO")
   include(CheckLanguage)
   check_language(CUDA)
-  if(CMAKE_CUDA_COMPILER AND EXISTS "${PROJECT_SOURCE_DIR}/src/cuda/CMakeLists.txt")
+  flashtile_find_cutlass(_ft_auto_cutlass)
+  if(CMAKE_CUDA_COMPILER AND _ft_auto_cutlass)
     set(_ft_cuda ON)
   else()
+    if(CMAKE_CUDA_COMPILER)
+      message(STATUS "FlashTile: nvcc found but no CUTLASS/CuTe headers (pip install --no-deps nvidia-cutlass==4.2.0.0); "
+                     "building without CUDA")
+    endif()
     set(_ft_cuda OFF)
   endif()
 endif()

@@ -308,6 +308,11 @@ double max_abs(const std::vector<double>& x) {
   return m;
 }
 
+double backward_magnitude(const Results& ref) {
+  const double grads = std::max({max_abs(ref.dq), max_abs(ref.dk), max_abs(ref.dv)});
+  return grads * (1.0 + max_abs(ref.lse));
+}
+
 double max_abs_error(const std::vector<double>& got, const std::vector<double>& ref) {
   if (got.size() != ref.size()) return std::numeric_limits<double>::infinity();
   double m = 0.0;

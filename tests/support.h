@@ -77,6 +77,10 @@ Results standard_attention(const Problem& p, bool with_backward);
 // versa), or if infinities differ.
 double max_abs_error(const std::vector<double>& got, const std::vector<double>& ref);
 double max_abs(const std::vector<double>& x);
+// The `magnitude` for gradients: the largest gradient, times (1 + max|LSE|). The backward recomputes
+// P = exp(s - LSE) from the stored LSE, so P carries a relative error of about eps·|LSE| that standard
+// attention (which keeps P) does not have; that is the price of recomputation and is allowed for.
+double backward_magnitude(const Results& ref);
 // Machine epsilon of the dtype.
 double eps(DType t);
 

@@ -22,6 +22,9 @@ struct Options {
   bool deterministic = false;
   // CPU worker threads; 0 = all hardware threads (or OMP_NUM_THREADS when set).
   int num_threads = 0;
+  // CUDA backends: the stream (a cudaStream_t) to enqueue on; null = the default stream. The call is
+  // asynchronous with respect to the host on that stream, as a CUDA library call is.
+  void* cuda_stream = nullptr;
 };
 
 }  // namespace flashtile

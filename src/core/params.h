@@ -38,14 +38,22 @@ struct AttnParams {
 
   std::int64_t batch = 0, seqlen_q = 0, seqlen_k = 0, heads_q = 0, heads_kv = 0, hdim = 0, hdim_v = 0;
 
+  bool backward = false;  // set by validate_backward(); pointers of empty tensors may be null
+
+  // CUDA stream (cudaStream_t) to launch on; null = the legacy default stream.
+  void* cuda_stream = nullptr;
+
   float softmax_scale = 1.0f;
   bool causal = false;
   bool deterministic = false;
   int num_threads = 0;
 
-  bool is_backward() const noexcept { return dout != nullptr || dq != nullptr; }
+  bool is_backward() const noexcept { return backward; }
   std::int64_t group() const noexcept { return heads_kv > 0 ? heads_q / heads_kv : 0; }
-  bool empty() const noexcept { return batch == 0 || seqlen_q == 0 || heads_q == 0; }
+  // No output element exists. Backward with Sq = 0 still writes dK = dV = 0 for every key.
+  bool empty() const noexcept {
+    return batch == 0 || heads_q == 0 || (seqlen_q == 0 && (!backward || seqlen_k == 0));
+  }
 
   // Visible keys of query row i are [key_begin(i), key_end(i)); empty when begin >= end. Every kernel
   // asks these two functions, so a sliding window only has to change them.

@@ -63,7 +63,10 @@ Span check_layout(const Arg& a, int rank) {
       fail<InvalidArgument>(a.name, ": negative strides are not supported, got strides ", stride_str(t));
   }
   const auto last = static_cast<std::size_t>(rank - 1);
-  if (t.shape[last] > 1 && t.stride[last] != 1)
+  bool has_zero = false;
+  for (int i = 0; i < rank; ++i) has_zero = has_zero || t.shape[static_cast<std::size_t>(i)] == 0;
+  // A tensor without elements has no layout to speak of (numpy exports them with zero strides).
+  if (!has_zero && t.shape[last] > 1 && t.stride[last] != 1)
     fail<InvalidArgument>(a.name, ": the last dimension must be contiguous (stride 1), got strides ",
                           stride_str(t), " for shape ", shape_str(t));
   // Largest element offset and element count, with overflow checks.
@@ -96,6 +99,7 @@ Span check_layout(const Arg& a, int rank) {
 // stride to step over everything inside it.
 void check_no_self_overlap(const Arg& a) {
   const TensorView& t = a.t;
+  if (t.numel() == 0) return;
   std::vector<std::pair<std::int64_t, std::int64_t>> dims;  // (stride, size) of dims with size > 1
   for (int i = 0; i < t.rank; ++i) {
     const auto d = static_cast<std::size_t>(i);
@@ -206,6 +210,7 @@ Checked check_inputs(const TensorView& q, const TensorView& k, const TensorView&
   p.causal = o.causal;
   p.deterministic = o.deterministic;
   p.num_threads = o.num_threads;
+  p.cuda_stream = o.cuda_stream;
   return c;
 }
 
@@ -276,6 +281,7 @@ AttnParams validate_backward(const TensorView& q, const TensorView& k, const Ten
   check_output(c, {"dv", dv, "[B, Sk, Hkv, Dv]", true}, 4, {p.batch, p.seqlen_k, p.heads_kv, p.hdim_v},
                q.dtype, "q's dtype", q);
   check_no_aliasing(c);
+  p.backward = true;
   p.out = out.data;
   p.lse = static_cast<float*>(lse.data);
   p.out_stride = bshd(out);
