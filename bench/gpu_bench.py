@@ -107,7 +107,7 @@ PEERS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_
          "cudnn": SDPBackend.CUDNN_ATTENTION}
 
 
-def bench_cell(ft, hdim, seqlen, causal, reps, tokens=16384, d_model=2048):
+def bench_cell(ft, hdim, seqlen, causal, reps, deterministic=False, tokens=16384, d_model=2048):
     b, h = max(1, tokens // seqlen), d_model // hdim
     dev = "cuda"
     g = torch.Generator(device=dev).manual_seed(seqlen * 1000 + hdim + causal)
@@ -125,6 +125,9 @@ def bench_cell(ft, hdim, seqlen, causal, reps, tokens=16384, d_model=2048):
     res["kernel_bwd"] = ft.backward(q, k, v, out, dout, lse, dq, dk, dv, causal=causal).split("\n")[0]
     t = time_ms(lambda: ft.backward(q, k, v, out, dout, lse, dq, dk, dv, causal=causal), reps)
     res["flashtile_bwd_ms"] = t
+    if deterministic:  # the cost of Options::deterministic (dQ added in key-block order)
+        res["flashtile_det_bwd_ms"] = time_ms(
+            lambda: ft.backward(q, k, v, out, dout, lse, dq, dk, dv, causal=causal, deterministic=True), reps)
     # Peers on the same data, torch layout (B, H, S, D) as views.
     qt, kt, vt, dot = (x.transpose(1, 2) for x in (q, k, v, dout))
     for name, backend in PEERS.items():
@@ -151,7 +154,7 @@ def bench_cell(ft, hdim, seqlen, causal, reps, tokens=16384, d_model=2048):
 
 def markdown(meta, rows):
     lines = [f"# FlashTile cuda-sm80 vs PyTorch SDPA on {meta['gpu']}", "",
-             f"- date: {meta['date']}", f"- GPU: {meta['gpu']} (driver CUDA {meta['cuda']})",
+             f"- date: {meta['date']}", f"- GPU: {meta['gpu']} (torch built for CUDA {meta['cuda']})",
              f"- torch {meta['torch']}, cuDNN {meta['cudnn']}", f"- command: `{meta['command']}`",
              f"- bf16, 16k tokens (batch = 16384 / seqlen), d_model 2048 (heads = 2048 / hdim); CUDA events, "
              f"{meta['warmup']} warm-up calls, median of {meta['reps']}; TFLOP/s: fwd 4·B·H·S²·D (halved causal), "
@@ -180,6 +183,7 @@ def main():
     ap.add_argument("--hdims", default="128,64,256")
     ap.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384,32768")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--deterministic", action="store_true", help="also time the deterministic backward")
     ap.add_argument("--json", default=None)
     ap.add_argument("--md", default=None)
     args = ap.parse_args()
@@ -193,7 +197,7 @@ def main():
     for hdim in (int(x) for x in args.hdims.split(",")):
         for seqlen in (int(x) for x in args.seqlens.split(",")):
             for causal in (False, True):
-                r = bench_cell(ft, hdim, seqlen, causal, args.reps)
+                r = bench_cell(ft, hdim, seqlen, causal, args.reps, args.deterministic)
                 rows.append(r)
                 print(f"hdim {hdim:3d} seqlen {seqlen:5d} causal {int(causal)}: "
                       + " ".join(f"{k[:-7]}={r[k]:.0f}" for k in r if k.endswith("_tflops")), flush=True)
