@@ -29,14 +29,16 @@ using detail::AttnParams;
 // Per-thread scratch. Leading dimensions are padded to 16 floats (tile_ops.h) and the padding starts
 // at zero: Q and V pad columns are never written, so they stay zero.
 //
-// K and V of the KV head being worked on are converted to float once, as Kᵀ [D][Sk] and V [Sk][Dv], and
-// kept while the thread's tasks stay on that head (the query tiles of a chunk, the heads of a GQA group):
-// converting and transposing per (query tile, key tile) pair cost a quarter of the FMA time at D = 128.
-// The cache grows lazily with the keys the tiles need and is linear in Sk (8 MiB per thread at Sk = 8192,
-// D = 128), never Sq × Sk.
+// K and V of the KV head being worked on are converted to float once, as Kᵀ and V, and kept while the
+// thread's tasks stay on that head (the query tiles of a chunk, the heads of a GQA group): converting and
+// transposing per (query tile, key tile) pair cost a quarter of the FMA time at D = 128. Kᵀ is stored
+// tile by tile, [Sk / bk][D][bk], so each key tile is one contiguous block with rows of bk floats: a
+// whole-head [D][Sk] layout puts the rows a power-of-two apart, which maps them onto one L1 set and one
+// TLB entry each. The cache grows lazily with the keys the tiles need and is linear in Sk (8 MiB per
+// thread at Sk = 8192, D = 128), never Sq × Sk.
 struct FwdScratch {
   int bq, bk, d, dv, ldq, ldv;
-  std::int64_t ldk;  // padded Sk: row length of the Kᵀ cache
+  std::int64_t n_kt;  // key tiles
   std::unique_ptr<float[]> q, s, acc, m, l, kt, v;
   std::unique_ptr<int[]> limit;   // visible keys of each row in the current key tile
   std::int64_t cached_b = -1, cached_hk = -1, converted = 0;  // the KV head in kt / v and its keys done
@@ -44,11 +46,13 @@ struct FwdScratch {
     return std::unique_ptr<float[]>(new float[static_cast<std::size_t>(n)]());
   }
   FwdScratch(TileConfig t, int d_, int dv_, std::int64_t sk)
-      : bq(t.block_q), bk(t.block_k), d(d_), dv(dv_), ldq(padded(d_)), ldv(padded(dv_)), ldk(padded(sk)),
-        q(zeros(static_cast<std::int64_t>(bq) * ldq)), s(zeros(static_cast<std::int64_t>(bq) * bk)),
-        acc(zeros(static_cast<std::int64_t>(bq) * ldv)), m(zeros(bq)), l(zeros(bq)),
-        kt(zeros(static_cast<std::int64_t>(d) * ldk)), v(zeros(ldk * ldv)),
+      : bq(t.block_q), bk(t.block_k), d(d_), dv(dv_), ldq(padded(d_)), ldv(padded(dv_)),
+        n_kt((sk + t.block_k - 1) / t.block_k), q(zeros(static_cast<std::int64_t>(bq) * ldq)),
+        s(zeros(static_cast<std::int64_t>(bq) * bk)), acc(zeros(static_cast<std::int64_t>(bq) * ldv)), m(zeros(bq)),
+        l(zeros(bq)), kt(zeros(n_kt * d * bk)), v(zeros(n_kt * bk * ldv)),
         limit(new int[static_cast<std::size_t>(bq)]) {}
+  // The Kᵀ block of the key tile that starts at key k0: [d][bk].
+  float* kt_tile(std::int64_t k0) { return kt.get() + (k0 / bk) * d * bk; }
 };
 
 // Makes keys [0, k_hi) of KV head (b, hk) available in the cache.
@@ -61,7 +65,8 @@ void convert_keys(const AttnParams& p, FwdScratch& w, std::int64_t b, std::int64
   }
   for (std::int64_t j = w.converted; j < k_hi; ++j) {
     const T* ks = row_ptr<T>(p.k, p.k_stride, b, j, hk);
-    for (int c = 0; c < w.d; ++c) w.kt[c * w.ldk + j] = to_float(ks[c]);
+    float* kt = w.kt_tile(j) + j % w.bk;
+    for (int c = 0; c < w.d; ++c) kt[c * w.bk] = to_float(ks[c]);
     const T* vs = row_ptr<T>(p.v, p.v_stride, b, j, hk);
     float* vd = w.v.get() + j * w.ldv;
     for (int c = 0; c < w.dv; ++c) vd[c] = to_float(vs[c]);
@@ -94,10 +99,8 @@ void forward_tile(const AttnParams& p, FwdScratch& w, std::int64_t b, std::int64
   convert_keys<T>(p, w, b, hk, k_hi);
   for (std::int64_t k0 = k_lo; k0 < k_hi; k0 += bk) {
     const int n = static_cast<int>(std::min<std::int64_t>(bk, k_hi - k0));
-    // The padded columns past n read keys this tile does not use (zeros, or keys of this or an earlier
-    // head); their scores are never read.
-    const int npad = static_cast<int>(std::min<std::int64_t>(padded(n), w.ldk - k0));
-    gemm_nn(rows, npad, d, w.q.get(), w.ldq, w.kt.get() + k0, static_cast<int>(w.ldk), w.s.get(), bk, false);
+    // In a short last tile the padded columns past n are keys that do not exist: zeros, never read.
+    gemm_nn(rows, padded(n), d, w.q.get(), w.ldq, w.kt_tile(k0), bk, w.s.get(), bk, false);
     const bool needs_mask = k0 < mask_lo || k0 + n > mask_hi;
     for (int r = 0; r < rows; ++r) {
       float* sr = w.s.get() + static_cast<std::int64_t>(r) * bk;
