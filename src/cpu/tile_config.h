@@ -21,7 +21,7 @@ constexpr std::int64_t forward_working_set(TileConfig t, std::int64_t d, std::in
 //  D <= 128: 64 x 64  — 144 KiB at D = 128; keeps Kᵀ and V (64 KiB) hot in L2 while Q streams.
 //  D <= 256: 32 x 64  — 160 KiB at D = 256; 64-row query tiles (288 KiB) crowd L2 next to the other thread.
 constexpr TileConfig tile_config(std::int64_t hdim) {
-  if (hdim <= 64) return {64, 128};
+  if (hdim <= 64) return {64, 64};
   if (hdim <= 128) return {64, 64};
   return {32, 64};
 }
