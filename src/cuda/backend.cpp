@@ -240,7 +240,8 @@ class CudaSm80 final : public Backend {
     (void)cudaGetLastError();  // a stale error of an earlier, unrelated launch is not ours to report
     const int bucket = bucket_of(p);
     const Elem e = elem_of(p.dtype);
-    cudaStream_t stream = nullptr;  // the legacy default stream, which PyTorch's default stream is too
+    // The caller's stream (Options::cuda_stream); null is the legacy default stream, as PyTorch's default.
+    cudaStream_t stream = static_cast<cudaStream_t>(p.cuda_stream);
     if (!p.is_backward()) {
       cuda::FwdParams f;
       fill(p, f);
