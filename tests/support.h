@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -54,6 +55,8 @@ struct Case {
   Layout layout = Layout::contiguous;
   std::string name() const;
 };
+// GoogleTest prints a parameter with this instead of its bytes.
+inline void PrintTo(const Case& c, std::ostream* os) { *os << c.name(); }
 
 // The operands of one case, filled with N(0, 1) data.
 struct Problem {
