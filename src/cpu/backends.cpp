@@ -31,6 +31,11 @@ Reasons host_only(const AttnParams& p) {
 }
 
 class CpuFlash final : public Backend {
+  static cpu::TileConfig tiles(const AttnParams& p) {
+    const std::int64_t d = p.hdim > p.hdim_v ? p.hdim : p.hdim_v;
+    return p.is_backward() ? cpu::backward_tile_config(d) : cpu::tile_config(d);
+  }
+
  public:
   std::string name() const override { return "cpu-flash"; }
   Reasons can_run(const AttnParams& p) const override {
@@ -43,7 +48,7 @@ class CpuFlash final : public Backend {
     return why;
   }
   KernelInfo plan(const AttnParams& p) const override {
-    const cpu::TileConfig t = cpu::tile_config(p.hdim > p.hdim_v ? p.hdim : p.hdim_v);
+    const cpu::TileConfig t = tiles(p);
     KernelInfo k;
     k.backend = name();
     k.kernel = p.is_backward() ? "cpu_flash_bwd" : "cpu_flash_fwd";
@@ -56,7 +61,7 @@ class CpuFlash final : public Backend {
   }
   void run(const AttnParams& p) const override {
     const cpu::KernelSet& ks = cpu::select_kernels();
-    const cpu::TileConfig t = cpu::tile_config(p.hdim > p.hdim_v ? p.hdim : p.hdim_v);
+    const cpu::TileConfig t = tiles(p);
     const int threads = cpu::resolve_threads(p.num_threads);
     (p.is_backward() ? ks.backward : ks.forward)(p, t, threads);
   }
