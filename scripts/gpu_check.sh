@@ -9,7 +9,7 @@
 #   FT_KERNELS=all         FLASHTILE_CUDA_KERNELS subset, e.g. "hdim64;hdim128"
 #   FT_BUILD=build/gpu     build directory
 #   FT_PYTHON=auto         build + pip install the Python package (auto: when python/ and pyproject.toml exist)
-#   FT_STEPS="tests parity sanitize bench"   which steps to run after the build
+#   FT_STEPS="tests parity sanitize bench"   which steps to run after the build (also: profile)
 #   FT_BENCH_ARGS=""       extra arguments for bench/gpu_bench.py (e.g. "--hdims 128 --seqlens 1024,8192")
 #   CUTLASS_DIR            CuTe headers (default: .carry/cutlass/include if present, else the pip package)
 set -uo pipefail
@@ -109,6 +109,34 @@ if has_step sanitize; then
     note "RACECHECK: rc=$? $(grep 'RACECHECK SUMMARY\|ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1) ($(( $(date +%s) - t0 )) s)"
   else
     note "SANITIZER: compute-sanitizer not found"
+  fi
+fi
+
+if has_step profile; then  # ncu on one shape: FlashTile's kernels next to torch flash's (FT_PROFILE_ARGS)
+  if command -v ncu >/dev/null; then
+    t0=$(date +%s)
+    PARGS=${FT_PROFILE_ARGS:-"--hdim 128 --seqlen 4096"}
+    python3 bench/gpu_profile.py --lib "$CAPI" --time $PARGS > "$OUT/profile.log" 2>&1
+    timeout ${FT_PROFILE_TIMEOUT:-300} ncu --clock-control none --set full --import-source no \
+      -k 'regex:fwd_kernel|bwd_kernel|flash_fwd_kernel|flash_bwd_dq_dk_dv' -f -o /tmp/ft-prof \
+      python3 bench/gpu_profile.py --lib "$CAPI" $PARGS >> "$OUT/profile.log" 2>&1
+    note "PROFILE: rc=$? ($(( $(date +%s) - t0 )) s); $(grep -c TFLOP "$OUT/profile.log") timed calls"
+    grep TFLOP "$OUT/profile.log" | tee -a "$SUMMARY"
+    ncu --import /tmp/ft-prof.ncu-rep --page details > "$OUT/ncu_details.txt" 2>&1
+    ncu --import /tmp/ft-prof.ncu-rep --page source --csv --print-source sass \
+      -k 'regex:fwd_kernel|bwd_kernel' > "$OUT/ncu_sass.csv" 2>&1
+    python3 - "$OUT/ncu_details.txt" <<'PY' | tee -a "$SUMMARY"
+import re, sys
+keys = ("Duration", "Registers Per Thread", "Achieved Occupancy", "Compute (SM) Throughput", "Issue Slots Busy",
+        "Local Memory Spilling Requests", "Shared Load Bank Conflicts", "Shared Store Bank Conflicts")
+name = None
+for line in open(sys.argv[1]):
+    if re.match(r"^  \S", line) and "(" in line: name = line.strip()[:90]; print(name)
+    for k in keys:
+        if line.strip().startswith(k): print("   ", " ".join(line.split()))
+PY
+  else
+    note "PROFILE: ncu not found"
   fi
 fi
 

@@ -102,9 +102,21 @@ CUTE_DEVICE void gemm_rs(Acc& acc, RA const& tCrA, RB& tCrB, SB const& tCsB, Mma
 // Global -> shared copy of a (CPY, CPY_M, CPY_K) partition. Rows at or beyond max_row and 8-element column
 // chunks at or beyond max_col are never read; their shared-memory slots are zero-filled instead, so the
 // padded head dims and the tail of the last block contribute exact zeros.
+// When all of this thread's chunks are in bounds (every tile but a sequence's last one, and hdim equal to
+// the bucket), the copies go out unpredicated: the zero-fill path costs a shared store and a predicate per
+// chunk.
 template <class TiledCopy, class Src, class Dst, class Coord>
 CUTE_DEVICE void load_tile(TiledCopy const& tc, Src const& src, Dst&& dst, Coord const& coord, int max_row,
                            int max_col) {
+  constexpr int kM = decltype(size<1>(src))::value, kK = decltype(size<2>(src))::value;
+  if (get<0>(coord(0, kM - 1, 0)) < max_row && get<1>(coord(0, 0, kK - 1)) < max_col) {
+    CUTE_UNROLL
+    for (int m = 0; m < kM; ++m) {
+      CUTE_UNROLL
+      for (int k = 0; k < kK; ++k) copy(tc, src(_, m, k), dst(_, m, k));
+    }
+    return;
+  }
   CUTE_UNROLL
   for (int m = 0; m < size<1>(src); ++m) {
     const bool row_ok = get<0>(coord(0, m, 0)) < max_row;

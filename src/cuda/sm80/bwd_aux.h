@@ -2,10 +2,13 @@
 //  - preprocess: dsum = rowsum(dO * O) and lse_log2 = lse * log2(e) per query row (+inf for rows that see no
 //    key and for the padding rows up to seqlen_q_pad, so that P = ex2(s * scale_log2 - lse_log2) is 0 there);
 //  - dq_convert: dQ = softmax_scale * dq_accum, fp32 -> 16-bit, into dq's strides.
+// dq_convert needs the main kernel's traits (the dq_accum order follows its dQ partition), so this header is
+// included after bwd_kernel.h.
 #pragma once
 
 #include "common/cute_utils.h"
 #include "common/params.h"
+#include "sm80/bwd_kernel.h"
 
 namespace flashtile::cuda::sm80 {
 
@@ -47,28 +50,32 @@ __global__ void __launch_bounds__(kAuxThreads) bwd_preprocess_kernel(const __gri
   }
 }
 
-// One thread per 8-element chunk of dQ.
-template <class Element>
-__global__ void __launch_bounds__(kAuxThreads) dq_convert_kernel(const __grid_constant__ BwdParams p) {
-  const int chunks = p.hdim / 8;
-  const long long idx = static_cast<long long>(blockIdx.x) * kAuxThreads + threadIdx.x;
-  const long long total = static_cast<long long>(p.batch) * p.heads_q * p.seqlen_q * chunks;
-  if (idx >= total) return;
-  const int c = static_cast<int>(idx % chunks) * 8;
-  const long long row = idx / chunks;  // (b, h, i)
-  const int i = static_cast<int>(row % p.seqlen_q);
-  const int bh = static_cast<int>(row / p.seqlen_q);
-  const int b = bh / p.heads_q, h = bh % p.heads_q;
-  const float* src = p.dq_accum + (static_cast<long long>(bh) * p.seqlen_q_pad + i) * p.hdim_pad + c;
-  const float4 x0 = *reinterpret_cast<const float4*>(src);
-  const float4 x1 = *reinterpret_cast<const float4*>(src + 4);
-  cutlass::Array<float, 8> in;
-  in[0] = x0.x * p.scale; in[1] = x0.y * p.scale; in[2] = x0.z * p.scale; in[3] = x0.w * p.scale;
-  in[4] = x1.x * p.scale; in[5] = x1.y * p.scale; in[6] = x1.z * p.scale; in[7] = x1.w * p.scale;
-  cutlass::NumericArrayConverter<Element, float, 8> conv;
-  const cutlass::Array<Element, 8> out = conv(in);
-  Element* dst = static_cast<Element*>(p.dq) + b * p.dq_stride.batch + h * p.dq_stride.head + i * p.dq_stride.row + c;
-  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(&out);
+// One CTA per (query block, head, batch), with the main kernel's thread count: each thread reads back its own
+// dQ accumulator elements (the thread-major order of dq_accum_offset(), 16-byte coalesced loads), scales them
+// and writes the 16-bit tile through shared memory with 16-byte stores.
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kThreads) dq_convert_kernel(const __grid_constant__ BwdParams p) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM, kD = Traits::kHeadDim, kThreads = Traits::kThreads;
+  extern __shared__ __align__(128) char smem_raw[];
+  const int tidx = threadIdx.x, mb = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int m0 = mb * kBlockM;
+  typename Traits::TiledMmadQ mma_dq;
+  Tensor acc = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kD>>{});
+  const float* src = p.dq_accum + ((static_cast<long long>(b) * p.heads_q + h) * p.seqlen_q_pad + m0) * kD;
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc); i += 4) {
+    const float4 x = *reinterpret_cast<const float4*>(src + dq_accum_offset<kThreads>(i, tidx));
+    acc(i) = x.x * p.scale;
+    acc(i + 1) = x.y * p.scale;
+    acc(i + 2) = x.z * p.scale;
+    acc(i + 3) = x.w * p.scale;
+  }
+  Element* dq_bh = static_cast<Element*>(p.dq) + b * p.dq_stride.batch + h * p.dq_stride.head;
+  Tensor mdQ = make_tensor(make_gmem_ptr(dq_bh), make_shape(p.seqlen_q, Int<kD>{}), make_stride(p.dq_stride.row, _1{}));
+  Tensor gdQ = local_tile(mdQ, Shape<Int<kBlockM>, Int<kD>>{}, make_coord(mb, 0));
+  store_acc_tile<Element, kThreads, typename Traits::SmemLayoutQ, typename Traits::GmemCopyOut>(
+      acc, mma_dq, reinterpret_cast<Element*>(smem_raw), gdQ, p.seqlen_q - m0, p.hdim, tidx);
 }
 
 }  // namespace flashtile::cuda::sm80

@@ -3,7 +3,6 @@
 #pragma once
 
 #include "sm80/bwd_aux.h"
-#include "sm80/bwd_kernel.h"
 #include "sm80/launch.h"
 
 namespace flashtile::cuda::sm80 {
@@ -34,10 +33,15 @@ cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
   }
 
-  const long long chunks = static_cast<long long>(p.batch) * p.heads_q * p.seqlen_q * (p.hdim / 8);
-  if (chunks > 0) {
-    dq_convert_kernel<Element><<<static_cast<unsigned>((chunks + kAuxThreads - 1) / kAuxThreads), kAuxThreads, 0,
-                                 stream>>>(p);
+  if (p.seqlen_q > 0) {
+    auto convert = dq_convert_kernel<Traits>;
+    constexpr int smem_c = Traits::kSmemQ * int(sizeof(Element));
+    if (smem_c > 48 * 1024) {
+      e = cudaFuncSetAttribute(convert, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_c);
+      if (e != cudaSuccess) return e;
+    }
+    const dim3 grid_c(p.seqlen_q_pad / Traits::kBlockM, p.heads_q, p.batch);
+    convert<<<grid_c, Traits::kThreads, smem_c, stream>>>(p);
     e = cudaGetLastError();
   }
   return e;
