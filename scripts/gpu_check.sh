@@ -84,7 +84,7 @@ if has_step tests; then
   timeout ${FT_TEST_TIMEOUT:-300} "$TESTBIN" --gtest_brief=1 > "$OUT/tests.log" 2>&1
   rc=$?
   passed=$(grep -c '^\[       OK \]' "$OUT/tests.log")
-  line=$(grep -E '^\[  (PASSED|FAILED|SKIPPED) \]' "$OUT/tests.log" | tr '\n' ' ')
+  line=$(grep -E '^\[ +(PASSED|FAILED|SKIPPED) +\]' "$OUT/tests.log" | tr '\n' ' ')
   note "TESTS: rc=$rc $line($(( $(date +%s) - t0 )) s)"
   grep -E '^\[  FAILED  \]' "$OUT/tests.log" | head -40 | tee -a "$SUMMARY"
 fi
@@ -124,7 +124,7 @@ if has_step profile; then  # ncu on one shape: FlashTile's kernels next to torch
     grep TFLOP "$OUT/profile.log" | tee -a "$SUMMARY"
     ncu --import /tmp/ft-prof.ncu-rep --page details > "$OUT/ncu_details.txt" 2>&1
     ncu --import /tmp/ft-prof.ncu-rep --page source --csv --print-source sass \
-      -k 'regex:fwd_kernel|bwd_kernel' > "$OUT/ncu_sass.csv" 2>&1
+      -k 'regex:fwd_kernel|bwd_kernel|flash_bwd_dq' > "$OUT/ncu_sass.csv" 2>&1
     python3 - "$OUT/ncu_details.txt" <<'PY' | tee -a "$SUMMARY"
 import re, sys
 keys = ("Duration", "Registers Per Thread", "Achieved Occupancy", "Compute (SM) Throughput", "Issue Slots Busy",

@@ -3,10 +3,11 @@
 // stay in registers and need no atomics), recomputing P from Q, K and the forward's LSE:
 //   S = Q K^T, dP = dO V^T                  (warps split query rows x keys)
 //   P = exp(scale S - LSE), dS = P (dP - D)  (registers, then 16-bit into shared memory)
-//   dV += P^T dO, dK += dS^T Q               (warps split keys x head dim; operands via ldmatrix.trans)
+//   dV += P^T dO                             (warps split keys x head dim; operands via ldmatrix.trans)
 //   dQ_i += dS K                             (fp32 reductions into dq_accum, in the thread-major order of
 //                                             dq_accum_offset(); ordered by a per-block counter in
 //                                             deterministic mode)
+//   dK += dS^T Q                             (after dQ, so dQ's reductions drain under this GEMM)
 // Q and dO are double-buffered when the tile table says so: block i+1 loads while block i computes.
 #pragma once
 
@@ -124,11 +125,15 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_kernel(const __grid_cons
     cp_async_fence();
   }
 
-  // Query head and block of iteration `it` (the group's heads outer, query blocks inner).
-  auto head_of = [&](int it) { return hk * p.group + it / m_blocks; };
-  auto mblock_of = [&](int it) { return m_block_min + it % m_blocks; };
-  auto load_q_do = [&](int it, int stage) {
-    const int h = head_of(it), mb = mblock_of(it);
+  // Iterations walk the group's heads (outer) and the query blocks from m_block_min (inner); the next
+  // (head, block) is carried along instead of divided out of the iteration number.
+  auto advance = [&](int& h, int& mb) {
+    if (++mb == m_block_min + m_blocks) {
+      mb = m_block_min;
+      ++h;
+    }
+  };
+  auto load_q_do = [&](int h, int mb, int stage) {
     const Element* q_bh = static_cast<const Element*>(p.q) + b * p.q_stride.batch + h * p.q_stride.head;
     const Element* do_bh = static_cast<const Element*>(p.dout) + b * p.dout_stride.batch + h * p.dout_stride.head;
     Tensor mQ = make_tensor(make_gmem_ptr(q_bh), make_shape(p.seqlen_q, Int<kD>{}), make_stride(p.q_stride.row, _1{}));
@@ -139,8 +144,9 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_kernel(const __grid_cons
     load_tile(gmem_copy, gthr.partition_S(gQ), gthr.partition_D(sQ_at(stage)), tQc, rows, p.hdim);
     load_tile(gmem_copy, gthr.partition_S(gdO), gthr.partition_D(sdO_at(stage)), tQc, rows, p.hdim_v);
   };
+  int h = hk * p.group, mb = m_block_min;  // this iteration's query head and block
   if (iters > 0) {
-    load_q_do(0, 0);
+    load_q_do(h, mb, 0);
     cp_async_fence();
   }
 
@@ -191,9 +197,11 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_kernel(const __grid_cons
 
   for (int it = 0; it < iters; ++it) {
     const int stage = kStages == 2 ? it % 2 : 0;
-    const int h = head_of(it), mb = mblock_of(it), m0 = mb * kBlockM;
+    const int m0 = mb * kBlockM;
+    int h_next = h, mb_next = mb;
+    advance(h_next, mb_next);
     if (kStages == 2 && it + 1 < iters) {
-      load_q_do(it + 1, (it + 1) % 2);  // that buffer was released by the barrier ending iteration it - 1
+      load_q_do(h_next, mb_next, (it + 1) % 2);  // that buffer was released by the barrier ending iteration it - 1
       cp_async_fence();
       cp_async_wait<1>();
     } else {
@@ -240,8 +248,8 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_kernel(const __grid_cons
 
     gemm_ss(acc_dv, tdVrPt, tdVrdO, tdVsPt, at_stage(tdVsdOt, stage), mma_dkv,
             copy_dkv_a, copy_dkv_b, tidx);
-    gemm_ss(acc_dk, tdKrdSt, tdKrQt, tdKsdSt, at_stage(tdKsQt, stage), mma_dkv,
-            copy_dkv_a, copy_dkv_b, tidx);
+    // dQ before dK: its reductions to global memory drain while the dK GEMM runs (issued last, their
+    // latency showed up as long-scoreboard and barrier stalls at the top of the next iteration).
     Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kD>>{});
     clear(acc_dq);
     gemm_ss(acc_dq, tdQrdS, tdQrKt, tdQsdS, tdQsKt, mma_dq, copy_dq_a, copy_dq_b, tidx);
@@ -258,11 +266,15 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_kernel(const __grid_cons
       red_add4(dq_blk + dq_accum_offset<Traits::kThreads>(i, tidx), acc_dq(i), acc_dq(i + 1), acc_dq(i + 2),
                acc_dq(i + 3));
     if (p.deterministic) pass_turn(counter);
+    gemm_ss(acc_dk, tdKrdSt, tdKrQt, tdKsdSt, at_stage(tdKsQt, stage), mma_dkv,
+            copy_dkv_a, copy_dkv_b, tidx);
     __syncthreads();  // P, dS and this stage's Q/dO may be overwritten from here on
     if (kStages == 1 && it + 1 < iters) {
-      load_q_do(it + 1, 0);
+      load_q_do(h_next, mb_next, 0);
       cp_async_fence();
     }
+    h = h_next;
+    mb = mb_next;
   }
 
   // Epilogue: dK carries the softmax scale (dS was unscaled); K and V's buffers take the 16-bit tiles.
