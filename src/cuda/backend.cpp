@@ -220,14 +220,15 @@ class CudaSm80 final : public Backend {
       d << "hdim_bucket=" << bucket << " warps=" << t.warps << " (split along query rows)"
         << " stages=2 (K and V buffers, cp.async) smem=" << sm80::fwd_smem_bytes(bucket) << "B";
     } else {
-      const sm80::BwdTile t = sm80::bwd_tile(bucket);
+      const bool large = large_bwd(p, bucket);
+      const sm80::BwdTile t = sm80::bwd_tile(bucket, large);
       k.block_q = t.block_m;
       k.block_k = t.block_n;
       k.threads = t.warps * 32;
       d << "hdim_bucket=" << bucket << " warps=" << t.warps << " (S/dP " << t.atom_m_sdp << "x"
         << t.warps / t.atom_m_sdp << ", dK/dV " << t.atom_n_dkv << "x" << t.warps / t.atom_n_dkv << ", dQ "
         << t.atom_m_dq << "x" << t.warps / t.atom_m_dq << ") q_stages=" << t.stages_q
-        << " smem=" << sm80::bwd_smem_bytes(bucket) << "B dq=fp32 atomics"
+        << " smem=" << sm80::bwd_smem_bytes(bucket, large) << "B dq=fp32 reductions"
         << (p.deterministic ? " (deterministic: ordered by key block)" : "");
     }
     d << " dtype=" << dtype_name(p.dtype) << " accumulate=float32";
@@ -250,7 +251,8 @@ class CudaSm80 final : public Backend {
     }
     cuda::BwdParams b;
     fill(p, b);
-    const sm80::BwdTile t = sm80::bwd_tile(bucket);
+    b.large_smem = large_bwd(p, bucket);
+    const sm80::BwdTile t = sm80::bwd_tile(bucket, b.large_smem);
     b.dout = p.dout;
     b.dq = p.dq;
     b.dk = p.dk;
@@ -281,6 +283,13 @@ class CudaSm80 final : public Backend {
   }
 
  private:
+  // The backward's large-shared-memory tile applies when the device can give a block that much.
+  bool large_bwd(const AttnParams& p, int bucket) const {
+    if (!sm80::has_large_bwd_tile(bucket)) return false;
+    const Gpus& g = gpus();
+    if (p.device_index < 0 || p.device_index >= static_cast<int>(g.list.size())) return false;
+    return g.list[static_cast<std::size_t>(p.device_index)].smem_optin >= sm80::bwd_smem_bytes(bucket, true);
+  }
   static cuda::BshdStrides bshd(const Strides& s) { return {s.batch, s.row, s.head}; }
   static void fill(const AttnParams& p, cuda::FwdParams& f) {
     f.q = p.q;

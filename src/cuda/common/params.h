@@ -40,6 +40,7 @@ struct BwdParams : FwdParams {
   int seqlen_q_pad = 0;        // seqlen_q rounded up to the backward kernel's block_q
   int hdim_pad = 0;            // the head-dim bucket
   bool deterministic = false;
+  bool large_smem = false;     // use the tile table's large-shared-memory entry (sm80/tile_table.h)
 };
 
 }  // namespace flashtile::cuda

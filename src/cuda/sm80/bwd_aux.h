@@ -14,26 +14,32 @@ namespace flashtile::cuda::sm80 {
 
 constexpr int kAuxThreads = 256;
 
-// One warp per (b, h, row); lanes stride over 8-element chunks of the head dim.
-template <class Element>
+// kLanes threads per (b, h, row), one 8-element chunk of the head dim each (kLanes: the bucket's chunk count
+// rounded up to a power of two), so a 256-thread block covers 256 / kLanes rows with 16-byte loads. The same
+// threads zero the row's dq_accum slots (that replaced a separate memset: one launch and one pass less).
+template <class Element, int kHeadDim>
 __global__ void __launch_bounds__(kAuxThreads) bwd_preprocess_kernel(const __grid_constant__ BwdParams p) {
-  const long long warp = (static_cast<long long>(blockIdx.x) * kAuxThreads + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
+  constexpr int kChunks = kHeadDim / 8;
+  constexpr int kLanes = kChunks <= 8 ? 8 : kChunks <= 16 ? 16 : 32;
+  static_assert(kChunks <= kLanes && kHeadDim % 4 == 0);
+  const long long row = (static_cast<long long>(blockIdx.x) * kAuxThreads + threadIdx.x) / kLanes;
+  const int lane = threadIdx.x % kLanes;
   const long long total = static_cast<long long>(p.batch) * p.heads_q * p.seqlen_q_pad;
-  if (warp >= total) return;
-  const int i = static_cast<int>(warp % p.seqlen_q_pad);
-  const int bh = static_cast<int>(warp / p.seqlen_q_pad);
+  const bool valid = row < total;  // no early return: the shuffles below need every lane of the warp
+  const int i = valid ? static_cast<int>(row % p.seqlen_q_pad) : 0;
+  const int bh = valid ? static_cast<int>(row / p.seqlen_q_pad) : 0;
   const int b = bh / p.heads_q, h = bh % p.heads_q;
   float acc = 0.f;
   float lse2 = INFINITY;
-  if (i < p.seqlen_q) {
-    const Element* o = static_cast<const Element*>(p.out) + b * p.out_stride.batch + h * p.out_stride.head +
-                       i * p.out_stride.row;
-    const Element* d = static_cast<const Element*>(p.dout) + b * p.dout_stride.batch + h * p.dout_stride.head +
-                       i * p.dout_stride.row;
-    for (int c = lane * 8; c < p.hdim_v; c += 32 * 8) {
-      const uint4 ov = *reinterpret_cast<const uint4*>(o + c);
-      const uint4 dv = *reinterpret_cast<const uint4*>(d + c);
+  if (valid && i < p.seqlen_q) {
+    const int c = lane * 8;
+    if (c < p.hdim_v) {
+      const Element* o = static_cast<const Element*>(p.out) + b * p.out_stride.batch + h * p.out_stride.head +
+                         i * p.out_stride.row + c;
+      const Element* d = static_cast<const Element*>(p.dout) + b * p.dout_stride.batch +
+                         h * p.dout_stride.head + i * p.dout_stride.row + c;
+      const uint4 ov = *reinterpret_cast<const uint4*>(o);
+      const uint4 dv = *reinterpret_cast<const uint4*>(d);
       const Element* oe = reinterpret_cast<const Element*>(&ov);
       const Element* de = reinterpret_cast<const Element*>(&dv);
       CUTE_UNROLL
@@ -43,11 +49,14 @@ __global__ void __launch_bounds__(kAuxThreads) bwd_preprocess_kernel(const __gri
     lse2 = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
   }
   CUTE_UNROLL
-  for (int o = 16; o > 0; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  for (int o = kLanes / 2; o > 0; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if (!valid) return;
   if (lane == 0) {
-    p.dsum[warp] = acc;
-    p.lse_log2[warp] = lse2;
+    p.dsum[row] = acc;
+    p.lse_log2[row] = lse2;
   }
+  float4* dq = reinterpret_cast<float4*>(p.dq_accum + row * kHeadDim);
+  for (int c = lane; c < kHeadDim / 4; c += kLanes) dq[c] = make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
 // One CTA per (query block, head, batch), with the main kernel's thread count: each thread reads back its own

@@ -1,5 +1,5 @@
 // Host-side launcher of the backward pass (included by the generated instance files only):
-// clear dq_accum (and the deterministic counters) -> preprocess -> main kernel -> dQ conversion.
+// clear the deterministic counters -> preprocess (also zeroes dq_accum) -> main kernel -> dQ conversion.
 #pragma once
 
 #include "sm80/bwd_aux.h"
@@ -7,19 +7,23 @@
 
 namespace flashtile::cuda::sm80 {
 
-template <class Element, int kHeadDim, class Mask>
-cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
-  using Traits = BwdTraits<Element, kHeadDim>;
+template <class Traits, class Mask>
+cudaError_t run_bwd_with(const BwdParams& p, cudaStream_t stream) {
+  using Element = typename Traits::Element;
+  constexpr int kHeadDim = Traits::kHeadDim;
   const long long rows = static_cast<long long>(p.batch) * p.heads_q * p.seqlen_q_pad;
-  cudaError_t e = cudaMemsetAsync(p.dq_accum, 0, static_cast<size_t>(rows) * p.hdim_pad * sizeof(float), stream);
-  if (e != cudaSuccess) return e;
+  cudaError_t e = cudaSuccess;
   if (p.deterministic) {
     e = cudaMemsetAsync(p.dq_semaphore, 0, static_cast<size_t>(rows / Traits::kBlockM) * sizeof(int), stream);
     if (e != cudaSuccess) return e;
   }
-  const unsigned pre_blocks = static_cast<unsigned>((rows * 32 + kAuxThreads - 1) / kAuxThreads);
-  bwd_preprocess_kernel<Element><<<pre_blocks, kAuxThreads, 0, stream>>>(p);
-  if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  // Also zeroes dq_accum (run_bwd's contract: the caller's workspace needs no clearing).
+  constexpr int kRowsPerBlock = kAuxThreads / (kHeadDim / 8 <= 8 ? 8 : kHeadDim / 8 <= 16 ? 16 : 32);
+  if (rows > 0) {
+    const unsigned pre_blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+    bwd_preprocess_kernel<Element, kHeadDim><<<pre_blocks, kAuxThreads, 0, stream>>>(p);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  }
 
   auto kernel = bwd_kernel<Traits, Mask>;
   constexpr int smem = Traits::kSmemBytes;
@@ -45,6 +49,15 @@ cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
     e = cudaGetLastError();
   }
   return e;
+}
+
+// p.large_smem (set by the host from the device's opt-in limit) picks kBwdTilesLarge's entry where one exists.
+template <class Element, int kHeadDim, class Mask>
+cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
+  if constexpr (has_large_bwd_tile(kHeadDim)) {
+    if (p.large_smem) return run_bwd_with<BwdTraits<Element, kHeadDim, true>, Mask>(p, stream);
+  }
+  return run_bwd_with<BwdTraits<Element, kHeadDim>, Mask>(p, stream);
 }
 
 }  // namespace flashtile::cuda::sm80

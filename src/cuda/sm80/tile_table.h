@@ -38,13 +38,20 @@ inline constexpr FwdTile kFwdTiles[] = {
 // accumulate in registers: 2 * block_n * hdim / threads floats.
 inline constexpr BwdTile kBwdTiles[] = {
     {32, 64, 128, 8, 2, 4, 4, 2, "dK+dV 32 regs; 64x128 S/dP tiles at 32 regs each"},
-    {64, 64, 128, 8, 2, 4, 4, 2, "dK+dV 64 regs; 96 KB smem with Q/dO double-buffered"},
+    {64, 128, 128, 8, 4, 4, 4, 2, "128 query rows per step halve the dQ reductions per FLOP; 160 KB smem (FA2's choice)"},
     {96, 64, 128, 8, 2, 4, 4, 2, "dK+dV 96 regs; 128 KB smem"},
-    {128, 64, 128, 8, 2, 4, 4, 2, "dK+dV 128 regs (FA2's A100 choice); 160 KB smem just fits A100"},
+    {128, 64, 128, 8, 2, 4, 2, 2, "dK+dV 128 regs (FA2's A100 choice); dQ 2x4 warps; 160 KB smem just fits A100"},
     {160, 64, 64, 8, 4, 4, 4, 2, "block_n 64 to keep dK+dV at 80 regs; 144 KB smem"},
     {192, 64, 64, 8, 4, 4, 4, 2, "dK+dV 96 regs; 160 KB smem with double-buffered Q/dO"},
     {224, 64, 64, 8, 4, 4, 4, 1, "single Q/dO buffer: double buffering would need 184 KB (> A100)"},
     {256, 64, 64, 8, 4, 4, 4, 1, "single Q/dO buffer: double buffering would need 208 KB (> A100)"},
+};
+
+// Backward entries for GPUs that let a block opt into more shared memory than these need (H100/H200: 227 KB),
+// chosen at run time over the entry above; only head dims whose best tile differs are listed.
+inline constexpr BwdTile kBwdTilesLarge[] = {
+    {224, 64, 64, 8, 4, 4, 4, 2, "Q/dO double-buffered: 184 KB smem (Hopper)"},
+    {256, 64, 64, 8, 4, 2, 2, 2, "Q/dO double-buffered: 208 KB smem (Hopper); dK/dV and dQ warps as FA2 on H100"},
 };
 
 inline constexpr int kHdimBuckets[] = {32, 64, 96, 128, 160, 192, 224, 256};
@@ -62,10 +69,20 @@ constexpr FwdTile fwd_tile(int hdim) {
   return {0, 0, 0, 0, nullptr};
 }
 
-constexpr BwdTile bwd_tile(int hdim) {
+// large: the entry of kBwdTilesLarge when it has one for hdim (else the regular entry).
+constexpr BwdTile bwd_tile(int hdim, bool large = false) {
+  if (large)
+    for (const BwdTile& t : kBwdTilesLarge)
+      if (t.hdim == hdim) return t;
   for (const BwdTile& t : kBwdTiles)
     if (t.hdim == hdim) return t;
   return {0, 0, 0, 0, 0, 0, 0, 0, nullptr};
+}
+
+constexpr bool has_large_bwd_tile(int hdim) {
+  for (const BwdTile& t : kBwdTilesLarge)
+    if (t.hdim == hdim) return true;
+  return false;
 }
 
 constexpr int fwd_smem_bytes(int hdim) {
@@ -73,13 +90,15 @@ constexpr int fwd_smem_bytes(int hdim) {
   return (t.block_m + 2 * t.block_n) * hdim * 2;
 }
 
-constexpr int bwd_smem_bytes(int hdim) {
-  const BwdTile t = bwd_tile(hdim);
+constexpr int bwd_smem_bytes(int hdim, bool large = false) {
+  const BwdTile t = bwd_tile(hdim, large);
   return (2 * t.stages_q * t.block_m * hdim + 2 * t.block_n * hdim + 2 * t.block_m * t.block_n) * 2;
 }
 
-static_assert(bwd_smem_bytes(128) <= 163 * 1024 && bwd_smem_bytes(192) <= 163 * 1024 &&
-              bwd_smem_bytes(256) <= 163 * 1024 && bwd_smem_bytes(224) <= 163 * 1024);
+static_assert(bwd_smem_bytes(64) <= 163 * 1024 && bwd_smem_bytes(128) <= 163 * 1024 &&
+              bwd_smem_bytes(192) <= 163 * 1024 && bwd_smem_bytes(256) <= 163 * 1024 &&
+              bwd_smem_bytes(224) <= 163 * 1024);
+static_assert(bwd_smem_bytes(224, true) <= 227 * 1024 && bwd_smem_bytes(256, true) <= 227 * 1024);
 static_assert(fwd_smem_bytes(256) <= 163 * 1024);
 
 }  // namespace flashtile::cuda::sm80

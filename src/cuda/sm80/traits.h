@@ -60,10 +60,10 @@ struct FwdTraits {
   static_assert(kSmemBytes == fwd_smem_bytes(kHeadDim_));
 };
 
-template <class Element_, int kHeadDim_>
+template <class Element_, int kHeadDim_, bool kLarge_ = false>
 struct BwdTraits {
   using Element = Element_;
-  static constexpr BwdTile kTile = bwd_tile(kHeadDim_);
+  static constexpr BwdTile kTile = bwd_tile(kHeadDim_, kLarge_);
   static_assert(kTile.hdim == kHeadDim_, "no backward tile-table entry for this head dim");
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kTile.block_m;
@@ -116,7 +116,7 @@ struct BwdTraits {
   static constexpr int kSmemKV = kBlockN * kHeadDim;
   static constexpr int kSmemPdS = kBlockM * kBlockN;
   static constexpr int kSmemBytes = (2 * kStagesQ * kSmemQ + 2 * kSmemKV + 2 * kSmemPdS) * int(sizeof(Element));
-  static_assert(kSmemBytes == bwd_smem_bytes(kHeadDim_));
+  static_assert(kSmemBytes == bwd_smem_bytes(kHeadDim_, kLarge_));
 };
 
 }  // namespace flashtile::cuda::sm80
