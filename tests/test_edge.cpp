@@ -136,19 +136,28 @@ TEST(Edge, NaNInAKeyReachesExactlyTheRowsThatSeeIt) {
 
 TEST(Edge, NaNInAValueOrGradientRowReachesOnlyRowsThatSeeIt) {
   auto rng = test_rng();
-  Case c;
-  c.sq = c.sk = 100;
-  c.d = c.dv = 24;
-  c.causal = true;
-  Problem p(c, rng);
-  const std::int64_t bad = 60;
-  p.v.set(bad * c.dv + 2, kNaN);     // value row 60: rows >= 60 see it
-  p.dout.set(30 * c.dv + 1, kNaN);   // gradient of query row 30: keys <= 30 are seen by it
-  run_fwd(p, p.options());
-  run_bwd(p, p.options());
-  const auto out = p.out.to_double(), dv = p.dv.to_double();
-  for (std::int64_t i = 0; i < c.sq; ++i) EXPECT_EQ(std::isnan(out[static_cast<std::size_t>(i * c.dv + 2)]), i >= bad) << i;
-  for (std::int64_t j = 0; j < c.sk; ++j) EXPECT_EQ(std::isnan(dv[static_cast<std::size_t>(j * c.dv + 1)]), j <= 30) << j;
+  // bf16 too: on the bf16 dot-product paths, keys are multiplied in pairs and an odd row end must not pair
+  // the last visible key with the NaN one.
+  for (DType t : {DType::float32, DType::bfloat16}) {
+    Case c;
+    c.sq = c.sk = 100;
+    c.d = c.dv = 24;
+    c.causal = true;
+    c.dtype = t;
+    Problem p(c, rng);
+    // Value row 61: rows >= 61 see it. Row 60 sees 61 keys, an odd count: a pair kernel that rounded its
+    // pairs up would multiply the NaN by P = 0 there.
+    const std::int64_t bad = 61;
+    p.v.set(bad * c.dv + 2, kNaN);
+    p.dout.set(30 * c.dv + 1, kNaN);   // gradient of query row 30: keys <= 30 are seen by it
+    run_fwd(p, p.options());
+    run_bwd(p, p.options());
+    const auto out = p.out.to_double(), dv = p.dv.to_double();
+    for (std::int64_t i = 0; i < c.sq; ++i)
+      EXPECT_EQ(std::isnan(out[static_cast<std::size_t>(i * c.dv + 2)]), i >= bad) << i << " " << dtype_name(t);
+    for (std::int64_t j = 0; j < c.sk; ++j)
+      EXPECT_EQ(std::isnan(dv[static_cast<std::size_t>(j * c.dv + 1)]), j <= 30) << j << " " << dtype_name(t);
+  }
 }
 
 TEST(Edge, InfiniteInputGivesNaNNotGarbage) {
@@ -212,33 +221,37 @@ TEST(Edge, SoftmaxScaleIsHonoured) {
 
 TEST(Edge, EveryIsaPathThisCpuRunsAgreesWithTheOracle) {
   auto rng = test_rng();
-  Case c;
-  c.sq = 77;
-  c.sk = 91;
-  c.hq = 4;
-  c.hkv = 2;
-  c.d = c.dv = 40;
-  c.causal = true;
-  c.dtype = DType::float16;
-  Problem p(c, rng);
-  const Results ref = oracle(p, true);
-  const Results std_attn = standard_attention(p, true);
   const char* saved = std::getenv("FLASHTILE_CPU_ISA");
   const std::string restore = saved ? saved : "";
-  for (const char* isa : {"scalar", "avx2", "avx512"}) {
-    setenv("FLASHTILE_CPU_ISA", isa, 1);
-    const auto plan = flashtile::explain_forward(p.q.view(), p.k.view(), p.v.view(), p.out.view(), p.lse.view(),
-                                                 p.options());
-    if (plan.ran.backend != "cpu-flash") continue;  // this CPU cannot execute that path
-    EXPECT_EQ(plan.ran.isa, isa);
-    p.out.fill(kNaN);
-    run_fwd(p, p.options());
-    run_bwd(p, p.options());
-    SCOPED_TRACE(isa);
-    expect_close("out", p.out.to_double(), std_attn.out, ref.out, c.dtype);
-    const double mag = backward_magnitude(ref);
-    expect_close("dq", p.dq.to_double(), std_attn.dq, ref.dq, c.dtype, mag);
-    expect_close("dk", p.dk.to_double(), std_attn.dk, ref.dk, c.dtype, mag);
+  // bf16 reaches the dot-product pair kernels of avx512-bf16 and avx2-bf16emu; d = 41 gives them an odd
+  // head dim (a zero-padded last pair) and Sk = 91 an odd last key tile.
+  for (DType t : {DType::float16, DType::bfloat16}) {
+    Case c;
+    c.sq = 77;
+    c.sk = 91;
+    c.hq = 4;
+    c.hkv = 2;
+    c.d = c.dv = t == DType::float16 ? 40 : 41;
+    c.causal = true;
+    c.dtype = t;
+    Problem p(c, rng);
+    const Results ref = oracle(p, true);
+    const Results std_attn = standard_attention(p, true);
+    for (const char* isa : {"scalar", "avx2", "avx512", "avx2-bf16emu", "avx512-bf16"}) {
+      setenv("FLASHTILE_CPU_ISA", isa, 1);
+      const auto plan = flashtile::explain_forward(p.q.view(), p.k.view(), p.v.view(), p.out.view(), p.lse.view(),
+                                                   p.options());
+      if (plan.ran.backend != "cpu-flash") continue;  // this CPU cannot execute that path
+      EXPECT_EQ(plan.ran.isa, isa);
+      p.out.fill(kNaN);
+      run_fwd(p, p.options());
+      run_bwd(p, p.options());
+      SCOPED_TRACE(isa);
+      expect_close("out", p.out.to_double(), std_attn.out, ref.out, c.dtype);
+      const double mag = backward_magnitude(ref);
+      expect_close("dq", p.dq.to_double(), std_attn.dq, ref.dq, c.dtype, mag);
+      expect_close("dk", p.dk.to_double(), std_attn.dk, ref.dk, c.dtype, mag);
+    }
   }
   if (restore.empty()) {
     unsetenv("FLASHTILE_CPU_ISA");

@@ -1,6 +1,8 @@
 // Element types on the CPU and their conversions to and from float.
 #pragma once
 
+#include "cpu/isa_namespace.h"
+
 #include <bit>
 #include <cstdint>
 #include <cstring>
@@ -8,6 +10,7 @@
 #include "flashtile/types.h"
 
 namespace flashtile::cpu {
+FT_ISA_BEGIN
 
 // IEEE binary16 through the compiler's _Float16 (uses F16C instructions where the target has them).
 struct Half {
@@ -58,4 +61,5 @@ inline auto row_ptr(Ptr base, const Strides& st, std::int64_t b, std::int64_t s,
   return static_cast<Elem*>(base) + b * st.batch + s * st.row + h * st.head;
 }
 
+FT_ISA_END
 }  // namespace flashtile::cpu

@@ -6,10 +6,13 @@
 // <= 4 float ulps (~2.4e-7). Exact 0 for x <= -127 (masked scores are -inf), NaN in -> NaN out, +inf -> +inf.
 #pragma once
 
+#include "cpu/isa_namespace.h"
+
 #include <bit>
 #include <cstdint>
 
 namespace flashtile::cpu {
+FT_ISA_BEGIN
 
 inline float exp2_fast(float x) {
   // Clamp into the range whose 2^n is a normal float (or exactly 0 at -127, inf at 128). A NaN compares
@@ -33,4 +36,5 @@ inline float exp2_fast(float x) {
   return x == x ? r : x;
 }
 
+FT_ISA_END
 }  // namespace flashtile::cpu

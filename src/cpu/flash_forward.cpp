@@ -12,9 +12,9 @@
 
 #include "cpu/convert.h"
 #include "cpu/exp2.h"
+#include "cpu/forward_common.h"
 #include "cpu/kernel_common.h"
 #include "cpu/kernels.h"
-#include "cpu/parallel.h"
 #include "cpu/tile_ops.h"
 
 #ifndef FT_ISA_NS
@@ -122,45 +122,27 @@ void forward_tile(const AttnParams& p, FwdScratch& w, std::int64_t b, std::int64
             needs_mask ? w.limit.get() : nullptr);
   }
 
-  for (int r = 0; r < rows; ++r) {
-    const std::int64_t i = q0 + r;
-    T* o = row_ptr<T>(p.out, p.out_stride, b, i, h);
-    float* lse = p.lse + b * p.lse_stride.batch + h * p.lse_stride.head + i * p.lse_stride.row;
-    const float* ar = w.acc.get() + static_cast<std::int64_t>(r) * w.ldv;
-    if (p.key_end(i) <= p.key_begin(i)) {  // no visible key: defined as O = 0, LSE = -inf
-      for (int c = 0; c < dv; ++c) o[c] = from_float<T>(0.0f);
-      *lse = kNegInf;
-      continue;
-    }
-    // l == 0 with visible keys means every score was -inf (an infinite input): NaN, as standard attention.
-    const float l = w.l[r];
-    const float inv = l > 0.0f ? 1.0f / l : std::numeric_limits<float>::quiet_NaN();
-    for (int c = 0; c < dv; ++c) o[c] = from_float<T>(ar[c] * inv);
-    *lse = l > 0.0f ? (w.m[r] + std::log2(l)) * kLn2 : std::numeric_limits<float>::quiet_NaN();
-  }
+  write_output_rows<T>(p, b, h, q0, rows, w.acc.get(), w.ldv, w.m.get(), w.l.get(), dv);
 }
 
 template <class T>
 void forward_typed(const AttnParams& p, TileConfig tile, int threads) {
-  const std::int64_t n_qt = (p.seqlen_q + tile.block_q - 1) / tile.block_q;
-  const std::int64_t heads = p.batch * p.heads_q;
-  // Each head's query tiles are dealt round-robin into `chunks` tasks (balanced under causal masking),
-  // just enough tasks to keep every thread busy; fewer chunks means fewer K/V conversions.
-  const std::int64_t chunks = std::clamp<std::int64_t>((4 * threads + heads - 1) / std::max<std::int64_t>(heads, 1), 1, n_qt);
   const int d = static_cast<int>(p.hdim), dv = static_cast<int>(p.hdim_v);
-  parallel_tasks(
-      heads * chunks, threads, [&] { return FwdScratch(tile, d, dv, p.seqlen_k); },
-      [&](FwdScratch& w, std::int64_t t) {
-        // Heads of one GQA group are consecutive task indices, so a thread often keeps its K/V cache.
-        const std::int64_t bh = t / chunks, chunk = t % chunks;
-        for (std::int64_t qt = chunk; qt < n_qt; qt += chunks)
-          forward_tile<T>(p, w, bh / p.heads_q, bh % p.heads_q, qt * tile.block_q);
-      });
+  forward_tasks(
+      p, tile, threads, [&] { return FwdScratch(tile, d, dv, p.seqlen_k); },
+      [&](FwdScratch& w, std::int64_t b, std::int64_t h, std::int64_t q0) { forward_tile<T>(p, w, b, h, q0); });
 }
 
 }  // namespace
 
+#if FT_BF16_PAIRS
+void forward_bf16_pairs(const AttnParams& p, TileConfig tile, int threads);  // flash_forward_bf16.cpp
+#endif
+
 void forward(const AttnParams& p, TileConfig tile, int threads) {
+#if FT_BF16_PAIRS
+  if (p.dtype == DType::bfloat16) return forward_bf16_pairs(p, tile, threads);
+#endif
   visit_dtype(p.dtype, [&]<class T>() { forward_typed<T>(p, tile, threads); });
 }
 

@@ -1,6 +1,7 @@
 // Run-time choice of the CPU kernel set. One binary carries a scalar (baseline x86-64 / any CPU), an
-// AVX2+FMA and an AVX-512 build of the same kernels; the best one this CPU executes is used unless
-// FLASHTILE_CPU_ISA forces another (tests force each path in turn).
+// AVX2+FMA and an AVX-512 build of the same kernels, plus an AVX-512 build whose bf16 forward runs on
+// AVX512_BF16 dot products; the best one this CPU executes is used unless FLASHTILE_CPU_ISA forces another
+// (tests force each path in turn, including avx2-bf16emu, a test-only path that is never chosen by itself).
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -20,10 +21,12 @@ bool cpu_has(std::string_view isa) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
   if (isa == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (isa == "avx2-bf16emu") return cpu_has("avx2");
   if (isa == "avx512")
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
            __builtin_cpu_supports("fma");
+  if (isa == "avx512-bf16") return cpu_has("avx512") && __builtin_cpu_supports("avx512bf16");
 #endif
   return isa == "scalar";
 }
@@ -32,7 +35,10 @@ const KernelSet kSets[] = {
     {"scalar", &scalar::forward, &scalar::backward},
 #if FLASHTILE_CPU_X86_ISAS
     {"avx2", &avx2::forward, &avx2::backward},
+    // bf16 inputs on emulated pair products: slower than avx2, for the tests only.
+    {"avx2-bf16emu", &avx2_bf16emu::forward, &avx2::backward, false},
     {"avx512", &avx512::forward, &avx512::backward},
+    {"avx512-bf16", &avx512_bf16::forward, &avx512::backward},
 #endif
 };
 
@@ -60,7 +66,7 @@ const KernelSet& select_kernels() {
   }
   const KernelSet* best = &kSets[0];
   for (const KernelSet& k : kSets)
-    if (cpu_has(k.isa)) best = &k;
+    if (k.automatic && cpu_has(k.isa)) best = &k;
   return *best;
 }
 

@@ -1,6 +1,8 @@
 // Constants and the mask rule shared by the CPU forward and backward kernels.
 #pragma once
 
+#include "cpu/isa_namespace.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -8,6 +10,7 @@
 #include "core/params.h"
 
 namespace flashtile::cpu {
+FT_ISA_BEGIN
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -28,4 +31,5 @@ inline int visible_in_tile(const detail::AttnParams& p, std::int64_t i, std::int
   return static_cast<int>(std::clamp<std::int64_t>(p.key_end(i) - k0, 0, n));
 }
 
+FT_ISA_END
 }  // namespace flashtile::cpu

@@ -14,6 +14,7 @@ struct KernelSet {
   std::string_view isa;
   void (*forward)(const detail::AttnParams&, TileConfig, int threads);
   void (*backward)(const detail::AttnParams&, TileConfig, int threads);
+  bool automatic = true;  // false: only when FLASHTILE_CPU_ISA names it (a test path)
 };
 
 #define FLASHTILE_DECLARE_ISA(ns)                                                  \
@@ -25,12 +26,19 @@ FLASHTILE_DECLARE_ISA(scalar)
 FLASHTILE_DECLARE_ISA(avx2)
 FLASHTILE_DECLARE_ISA(avx512)
 #undef FLASHTILE_DECLARE_ISA
+// Forward-only sets on bf16 dot-product pairs (bf16_pairs.h); their other dtypes run the float32 kernels.
+namespace avx512_bf16 {
+void forward(const detail::AttnParams& p, TileConfig tile, int threads);
+}
+namespace avx2_bf16emu {
+void forward(const detail::AttnParams& p, TileConfig tile, int threads);
+}
 
-// The kernel set for this CPU, or the one forced by FLASHTILE_CPU_ISA=scalar|avx2|avx512.
+// The kernel set for this CPU, or the one forced by FLASHTILE_CPU_ISA=scalar|avx2|avx512|avx512-bf16|avx2-bf16emu.
 // Throws UnsupportedError when the forced ISA is not available here.
 const KernelSet& select_kernels();
 
-// Kernel sets this CPU can execute, best last.
+// Kernel sets this CPU can execute, best last (test paths included: the test script forces each).
 std::vector<std::string_view> runnable_isas();
 
 // Worker threads a call with num_threads (0 = default) will use.

@@ -7,10 +7,13 @@
 // harmless zeros and no tail code is needed.
 #pragma once
 
+#include "cpu/isa_namespace.h"
+
 #include "cpu/simd.h"
 
 #if FT_SIMD_WIDTH
 namespace flashtile::cpu::simd {
+FT_ISA_BEGIN
 
 #if FT_SIMD_WIDTH == 16
 constexpr int kMR = 8, kNV = 2;  // 16 accumulators + 2 B vectors + 1 broadcast of the 32 zmm registers
@@ -71,5 +74,6 @@ inline void gemm(int m, int n, int k, const float* a, int lda, const float* b, i
   }
 }
 
+FT_ISA_END
 }  // namespace flashtile::cpu::simd
 #endif

@@ -3,6 +3,8 @@
 // caller's thread after the team joins: nothing escapes a parallel region.
 #pragma once
 
+#include "cpu/isa_namespace.h"
+
 #include <atomic>
 #include <cstdint>
 #include <exception>
@@ -10,6 +12,7 @@
 #include <optional>
 
 namespace flashtile::cpu {
+FT_ISA_BEGIN
 
 template <class MakeScratch, class Body>
 void parallel_tasks(std::int64_t n, int threads, MakeScratch make_scratch, Body body) {
@@ -42,4 +45,5 @@ void parallel_tasks(std::int64_t n, int threads, MakeScratch make_scratch, Body 
   if (error) std::rethrow_exception(error);
 }
 
+FT_ISA_END
 }  // namespace flashtile::cpu

@@ -4,6 +4,8 @@
 // was considered and not needed for a dozen operations.
 #pragma once
 
+#include "cpu/isa_namespace.h"
+
 #include <cstdint>
 
 #if defined(__AVX512F__) || defined(__AVX2__)
@@ -11,6 +13,7 @@
 #endif
 
 namespace flashtile::cpu::simd {
+FT_ISA_BEGIN
 
 #if defined(__AVX512F__)
 #define FT_SIMD_WIDTH 16
@@ -106,4 +109,5 @@ inline V exp2(V x) {
 }
 #endif
 
+FT_ISA_END
 }  // namespace flashtile::cpu::simd

@@ -9,12 +9,15 @@
 // after every row's first visible key today (causal / no mask); a window mask would add a lower bound.
 #pragma once
 
+#include "cpu/isa_namespace.h"
+
 #include <cstdint>
 
 #include "cpu/exp2.h"
 #include "cpu/microkernel.h"
 
 namespace flashtile::cpu {
+FT_ISA_BEGIN
 
 // Leading dimension of a scratch tile with n columns: a whole number of 16-float vectors.
 constexpr int padded(std::int64_t n) { return static_cast<int>((n + 15) / 16 * 16); }
@@ -97,4 +100,5 @@ inline void scale_row(float* x, int n, float a) {
   for (int j = 0; j < n; ++j) x[j] *= a;
 }
 
+FT_ISA_END
 }  // namespace flashtile::cpu

@@ -1,0 +1,151 @@
+// CPU FlashAttention forward for bf16 inputs on bf16 dot-product pairs (bf16_pairs.h), compiled only into the
+// kernel sets that define FT_BF16_PAIRS (avx512-bf16, and the avx2-bf16emu test path).
+//
+// Same tiling, online softmax and masking rules as flash_forward.cpp, with three differences:
+//  - Q, Kᵀ and V stay bf16: the K/V cache of a head holds the input bits (no conversion), Kᵀ as pairs of
+//    head-dim entries per key ([Sk / bk][ceil(D / 2)][bk][2]) and V as pairs of keys per column
+//    ([Sk / 2][Dv][2]), the layouts vdpbf16ps reads;
+//  - the scale is applied to the float32 scores (not folded into Q, which would round Q a second time);
+//  - P is rounded to bf16 for P·V (as the GPU kernels do); the row sums use the float32 P.
+// A key tile's odd last key, and every key of a masked row past its pairs, is added with float32 FMAs, so
+// no product ever reads a key that its row does not see (a NaN there cannot leak through 0 · NaN).
+#include <algorithm>
+#include <cstring>
+#include <memory>
+
+#include "cpu/bf16_pairs.h"
+#include "cpu/exp2.h"
+#include "cpu/forward_common.h"
+#include "cpu/kernel_common.h"
+#include "cpu/kernels.h"
+#include "cpu/tile_ops.h"
+
+#if !FT_BF16_PAIRS
+#error "flash_forward_bf16.cpp is built only with FT_BF16_PAIRS"
+#endif
+
+namespace flashtile::cpu::FT_ISA_NS {
+namespace {
+
+using detail::AttnParams;
+
+struct PairScratch {
+  int bq, bk, d, dv, kp, ldq, ldv;  // kp: pairs along the head dim; ldq, ldv: padded to 16 (even)
+  std::int64_t n_kt;
+  std::unique_ptr<std::uint16_t[]> q, pb, kt, v;
+  std::unique_ptr<float[]> s, acc, m, l;
+  std::unique_ptr<int[]> limit;
+  std::int64_t cached_b = -1, cached_hk = -1, converted = 0;
+  template <class E>
+  static std::unique_ptr<E[]> zeros(std::int64_t n) {
+    return std::unique_ptr<E[]>(new E[static_cast<std::size_t>(n)]());
+  }
+  PairScratch(TileConfig t, int d_, int dv_, std::int64_t sk)
+      : bq(t.block_q), bk(t.block_k), d(d_), dv(dv_), kp((d_ + 1) / 2), ldq(padded(d_)), ldv(padded(dv_)),
+        n_kt((sk + t.block_k - 1) / t.block_k), q(zeros<std::uint16_t>(static_cast<std::int64_t>(bq) * ldq)),
+        pb(zeros<std::uint16_t>(static_cast<std::int64_t>(bq) * bk)),
+        kt(zeros<std::uint16_t>(n_kt * kp * bk * 2)), v(zeros<std::uint16_t>(n_kt * bk * ldv)),
+        s(zeros<float>(static_cast<std::int64_t>(bq) * bk)), acc(zeros<float>(static_cast<std::int64_t>(bq) * ldv)),
+        m(zeros<float>(bq)), l(zeros<float>(bq)), limit(new int[static_cast<std::size_t>(bq)]) {}
+  std::uint16_t* kt_tile(std::int64_t k0) { return kt.get() + (k0 / bk) * kp * bk * 2; }
+  // The pair row holding keys k0 and k0 + 1 (k0 even).
+  std::uint16_t* v_pairs(std::int64_t k0) { return v.get() + (k0 / 2) * 2 * ldv; }
+};
+
+// Makes keys [0, k_hi) of KV head (b, hk) available in the cache (bits copied, pairs interleaved).
+void cache_keys(const AttnParams& p, PairScratch& w, std::int64_t b, std::int64_t hk, std::int64_t k_hi) {
+  if (w.cached_b != b || w.cached_hk != hk) {
+    w.cached_b = b;
+    w.cached_hk = hk;
+    w.converted = 0;
+  }
+  for (std::int64_t j = w.converted; j < k_hi; ++j) {
+    const BFloat16* ks = row_ptr<BFloat16>(p.k, p.k_stride, b, j, hk);
+    std::uint16_t* kt = w.kt_tile(j) + 2 * (j % w.bk);
+    for (int c = 0; c < w.d; ++c) kt[(c / 2) * 2 * w.bk + c % 2] = ks[c].bits;
+    const BFloat16* vs = row_ptr<BFloat16>(p.v, p.v_stride, b, j, hk);
+    std::uint16_t* vd = w.v_pairs(j - j % 2) + j % 2;
+    for (int c = 0; c < w.dv; ++c) vd[2 * c] = vs[c].bits;
+  }
+  w.converted = std::max(w.converted, k_hi);
+}
+
+// acc[c] += P(row, key j) · V(k0 + j, c) for one key, in float32 (the odd key after a row's pairs).
+void add_single_key(const PairScratch& w, const std::uint16_t* pv_tile, const std::uint16_t* p_row, int j,
+                    float* acc) {
+  const float pj = to_float(BFloat16{p_row[j]});
+  const std::uint16_t* vj = pv_tile + (j / 2) * 2 * w.ldv + j % 2;
+  for (int c = 0; c < w.dv; ++c) acc[c] += pj * to_float(BFloat16{vj[2 * c]});
+}
+
+void forward_tile(const AttnParams& p, PairScratch& w, std::int64_t b, std::int64_t h, std::int64_t q0) {
+  const int d = w.d, bk = w.bk;
+  const int rows = static_cast<int>(std::min<std::int64_t>(w.bq, p.seqlen_q - q0));
+  const std::int64_t hk = h / p.group();
+  const float qscale = p.softmax_scale * kLog2e;
+
+  for (int r = 0; r < rows; ++r) {
+    const BFloat16* src = row_ptr<BFloat16>(p.q, p.q_stride, b, q0 + r, h);
+    std::uint16_t* dst = w.q.get() + static_cast<std::int64_t>(r) * w.ldq;
+    for (int c = 0; c < d; ++c) dst[c] = src[c].bits;  // columns d .. ldq stay zero
+    w.m[r] = kNegInf;
+    w.l[r] = 0.0f;
+    std::fill_n(w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.ldv, 0.0f);
+  }
+  const std::int64_t k_lo = p.key_begin(q0);
+  const std::int64_t k_hi = p.key_end(q0 + rows - 1);
+  const std::int64_t mask_lo = p.key_begin(q0 + rows - 1);
+  const std::int64_t mask_hi = p.key_end(q0);
+
+  cache_keys(p, w, b, hk, k_hi);
+  for (std::int64_t k0 = k_lo; k0 < k_hi; k0 += bk) {
+    const int n = static_cast<int>(std::min<std::int64_t>(bk, k_hi - k0));
+    bf16::gemm(rows, padded(n), w.kp, w.q.get(), w.ldq, w.kt_tile(k0), 2 * bk, w.s.get(), bk, false);
+    const bool needs_mask = k0 < mask_lo || k0 + n > mask_hi;
+    for (int r = 0; r < rows; ++r) {
+      float* sr = w.s.get() + static_cast<std::int64_t>(r) * bk;
+      scale_row(sr, n, qscale);
+      if (needs_mask) mask_row(p, q0 + r, k0, n, sr);
+      w.limit[r] = needs_mask ? visible_in_tile(p, q0 + r, k0, n) : n;
+      const float mx = row_max(sr, n);
+      const float m_old = w.m[r];
+      const float m_new = mx > m_old ? mx : m_old;
+      const float m_ref = m_new == kNegInf ? 0.0f : m_new;
+      const float sum = exp2_row(sr, n, 1.0f, m_ref);
+      const float alpha = exp2_fast(m_old - m_ref);
+      w.l[r] = w.l[r] * alpha + sum;
+      w.m[r] = m_new;
+      if (alpha != 1.0f) scale_row(w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.dv, alpha);
+      bf16::to_bf16_row(sr, w.pb.get() + static_cast<std::int64_t>(r) * bk, n, n + n % 2);
+    }
+    const std::uint16_t* vt = w.v_pairs(k0);
+    if (!needs_mask) {
+      bf16::gemm(rows, w.ldv, n / 2, w.pb.get(), bk, vt, 2 * w.ldv, w.acc.get(), w.ldv, true);
+      if (n % 2 != 0)
+        for (int r = 0; r < rows; ++r)
+          add_single_key(w, vt, w.pb.get() + static_cast<std::int64_t>(r) * bk, n - 1,
+                         w.acc.get() + static_cast<std::int64_t>(r) * w.ldv);
+      continue;
+    }
+    // Masked tile: each row takes the pairs of its visible keys, then its odd last one.
+    for (int r = 0; r < rows; ++r) {
+      const int lim = w.limit[r];
+      const std::uint16_t* pr = w.pb.get() + static_cast<std::int64_t>(r) * bk;
+      float* ar = w.acc.get() + static_cast<std::int64_t>(r) * w.ldv;
+      if (lim >= 2) bf16::gemm(1, w.ldv, lim / 2, pr, bk, vt, 2 * w.ldv, ar, w.ldv, true);
+      if (lim % 2 != 0) add_single_key(w, vt, pr, lim - 1, ar);
+    }
+  }
+  write_output_rows<BFloat16>(p, b, h, q0, rows, w.acc.get(), w.ldv, w.m.get(), w.l.get(), w.dv);
+}
+
+}  // namespace
+
+void forward_bf16_pairs(const AttnParams& p, TileConfig tile, int threads) {
+  const int d = static_cast<int>(p.hdim), dv = static_cast<int>(p.hdim_v);
+  forward_tasks(
+      p, tile, threads, [&] { return PairScratch(tile, d, dv, p.seqlen_k); },
+      [&](PairScratch& w, std::int64_t b, std::int64_t h, std::int64_t q0) { forward_tile(p, w, b, h, q0); });
+}
+
+}  // namespace flashtile::cpu::FT_ISA_NS

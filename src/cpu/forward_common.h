@@ -1,0 +1,60 @@
+// Pieces of the CPU forward shared by the float32 pipeline (flash_forward.cpp) and the bf16 dot-product
+// pipeline (flash_forward_bf16.cpp): how work is split into tasks, and the final normalisation.
+#pragma once
+
+#include "cpu/isa_namespace.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "cpu/convert.h"
+#include "cpu/kernel_common.h"
+#include "cpu/parallel.h"
+#include "cpu/tile_config.h"
+
+namespace flashtile::cpu {
+FT_ISA_BEGIN
+
+// Runs tile_fn(scratch, b, h, q0) for every query tile. Each head's query tiles are dealt round-robin into
+// `chunks` tasks (balanced under causal masking), just enough tasks to keep every thread busy; fewer chunks
+// means fewer K/V conversions. Heads of one GQA group are consecutive task indices, so a thread often keeps
+// its K/V cache.
+template <class MakeScratch, class TileFn>
+void forward_tasks(const detail::AttnParams& p, TileConfig tile, int threads, MakeScratch make_scratch,
+                   TileFn tile_fn) {
+  const std::int64_t n_qt = (p.seqlen_q + tile.block_q - 1) / tile.block_q;
+  const std::int64_t heads = p.batch * p.heads_q;
+  const std::int64_t chunks =
+      std::clamp<std::int64_t>((4 * threads + heads - 1) / std::max<std::int64_t>(heads, 1), 1, n_qt);
+  parallel_tasks(heads * chunks, threads, make_scratch, [&](auto& w, std::int64_t t) {
+    const std::int64_t bh = t / chunks, chunk = t % chunks;
+    for (std::int64_t qt = chunk; qt < n_qt; qt += chunks)
+      tile_fn(w, bh / p.heads_q, bh % p.heads_q, qt * tile.block_q);
+  });
+}
+
+// O = acc / l and LSE = (m + log2 l) · ln 2 for rows [q0, q0 + rows) of head (b, h); m and l in log2 units.
+template <class T>
+void write_output_rows(const detail::AttnParams& p, std::int64_t b, std::int64_t h, std::int64_t q0, int rows,
+                       const float* acc, int ldacc, const float* m, const float* l, int dv) {
+  for (int r = 0; r < rows; ++r) {
+    const std::int64_t i = q0 + r;
+    T* o = row_ptr<T>(p.out, p.out_stride, b, i, h);
+    float* lse = p.lse + b * p.lse_stride.batch + h * p.lse_stride.head + i * p.lse_stride.row;
+    const float* ar = acc + static_cast<std::int64_t>(r) * ldacc;
+    if (p.key_end(i) <= p.key_begin(i)) {  // no visible key: defined as O = 0, LSE = -inf
+      for (int c = 0; c < dv; ++c) o[c] = from_float<T>(0.0f);
+      *lse = kNegInf;
+      continue;
+    }
+    // l == 0 with visible keys means every score was -inf (an infinite input): NaN, as standard attention.
+    const float inv = l[r] > 0.0f ? 1.0f / l[r] : std::numeric_limits<float>::quiet_NaN();
+    for (int c = 0; c < dv; ++c) o[c] = from_float<T>(ar[c] * inv);
+    *lse = l[r] > 0.0f ? (m[r] + std::log2(l[r])) * kLn2 : std::numeric_limits<float>::quiet_NaN();
+  }
+}
+
+FT_ISA_END
+}  // namespace flashtile::cpu
