@@ -106,17 +106,7 @@ void forward_tile(const AttnParams& p, FwdScratch& w, std::int64_t b, std::int64
       float* sr = w.s.get() + static_cast<std::int64_t>(r) * bk;
       if (needs_mask) mask_row(p, q0 + r, k0, n, sr);
       w.limit[r] = needs_mask ? visible_in_tile(p, q0 + r, k0, n) : n;
-      const float mx = row_max(sr, n);
-      const float m_old = w.m[r];
-      const float m_new = mx > m_old ? mx : m_old;
-      // All keys so far masked: keep exponentials at exp2(-inf) = 0 instead of exp2(-inf - -inf) = NaN.
-      const float m_ref = m_new == kNegInf ? 0.0f : m_new;
-      const float sum = exp2_row(sr, n, 1.0f, m_ref);
-      const float alpha = exp2_fast(m_old - m_ref);
-      w.l[r] = w.l[r] * alpha + sum;
-      w.m[r] = m_new;
-      // Rescale the accumulator only when the running max moved.
-      if (alpha != 1.0f) scale_row(w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, dv, alpha);
+      online_softmax_row(sr, n, w.m[r], w.l[r], w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, dv);
     }
     gemm_nn(rows, w.ldv, n, w.s.get(), bk, w.v.get() + k0 * w.ldv, w.ldv, w.acc.get(), w.ldv, true,
             needs_mask ? w.limit.get() : nullptr);

@@ -107,15 +107,7 @@ void forward_tile(const AttnParams& p, PairScratch& w, std::int64_t b, std::int6
       scale_row(sr, n, qscale);
       if (needs_mask) mask_row(p, q0 + r, k0, n, sr);
       w.limit[r] = needs_mask ? visible_in_tile(p, q0 + r, k0, n) : n;
-      const float mx = row_max(sr, n);
-      const float m_old = w.m[r];
-      const float m_new = mx > m_old ? mx : m_old;
-      const float m_ref = m_new == kNegInf ? 0.0f : m_new;
-      const float sum = exp2_row(sr, n, 1.0f, m_ref);
-      const float alpha = exp2_fast(m_old - m_ref);
-      w.l[r] = w.l[r] * alpha + sum;
-      w.m[r] = m_new;
-      if (alpha != 1.0f) scale_row(w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.dv, alpha);
+      online_softmax_row(sr, n, w.m[r], w.l[r], w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.dv);
       bf16::to_bf16_row(sr, w.pb.get() + static_cast<std::int64_t>(r) * bk, n, n + n % 2);
     }
     const std::uint16_t* vt = w.v_pairs(k0);

@@ -13,6 +13,7 @@
 #include "cpu/kernel_common.h"
 #include "cpu/parallel.h"
 #include "cpu/tile_config.h"
+#include "cpu/tile_ops.h"
 
 namespace flashtile::cpu {
 FT_ISA_BEGIN
@@ -33,6 +34,22 @@ void forward_tasks(const detail::AttnParams& p, TileConfig tile, int threads, Ma
     for (std::int64_t qt = chunk; qt < n_qt; qt += chunks)
       tile_fn(w, bh / p.heads_q, bh % p.heads_q, qt * tile.block_q);
   });
+}
+
+// One step of the online softmax for one query row: scores sr[0, n) (log2 units, masked entries -inf) become
+// P = exp2(s - m_new), the running max m and sum l absorb the tile, and the output row acc[0, dv) is
+// rescaled when the max moved.
+inline void online_softmax_row(float* sr, int n, float& m, float& l, float* acc, int dv) {
+  const float mx = row_max(sr, n);
+  const float m_old = m;
+  const float m_new = mx > m_old ? mx : m_old;
+  // All keys so far masked: keep exponentials at exp2(-inf) = 0 instead of exp2(-inf - -inf) = NaN.
+  const float m_ref = m_new == kNegInf ? 0.0f : m_new;
+  const float sum = exp2_row(sr, n, 1.0f, m_ref);
+  const float alpha = exp2_fast(m_old - m_ref);
+  l = l * alpha + sum;
+  m = m_new;
+  if (alpha != 1.0f) scale_row(acc, dv, alpha);
 }
 
 // O = acc / l and LSE = (m + log2 l) · ln 2 for rows [q0, q0 + rows) of head (b, h); m and l in log2 units.
