@@ -6,7 +6,11 @@ per OpenMP worker, S and P materialised for all heads) on the same inputs, in th
 OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE are removed from the environment of these processes only, since they
 slow OpenBLAS down on this machine (design.md, "Measuring").
 
-usage: python3 bench/cpu_matrix.py [--build build/cpu] [--quick]
+usage: python3 bench/cpu_matrix.py [--build build/cpu] [--quick] [--threads 1,2] [--bf16] [--out DIR]
+
+--bf16 adds a section: bf16 inputs, forward, D = 128, the largest thread count, S >= 2048, against the float32
+standard attention of the same process (the CLI's baseline always runs in float32).
+Run it under `taskset` to pin it to chosen cores on a larger machine (scripts/cpu_remote.sh does).
 """
 import argparse
 import datetime
@@ -44,7 +48,10 @@ def main():
     ap.add_argument("--build", default="build/cpu")
     ap.add_argument("--quick", action="store_true", help="S up to 2048 only (a smoke run)")
     ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--threads", default="1,2", help="comma-separated thread counts")
+    ap.add_argument("--bf16", action="store_true", help="add the bf16-input forward section")
     args = ap.parse_args()
+    thread_counts = [int(t) for t in args.threads.split(",")]
     cli = os.path.join(args.build, "apps/flashtile/flashtile")
     peak = os.path.join(args.build, "bench/flashtile_fma_peak")
     env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
@@ -53,7 +60,7 @@ def main():
     peaks = {p["threads"]: p for p in run([peak], env)}
     seqlens = [512, 1024, 2048] if args.quick else [512, 1024, 2048, 4096, 8192]
     cells = []
-    for threads in (1, 2):
+    for threads in thread_counts:
         for d in (64, 128):
             for causal in (False, True):
                 for s in seqlens:
@@ -69,14 +76,29 @@ def main():
                           f"{2.5 * r['fwd_flops'] / r['flash_bwd_s'] * 1e-9:7.1f} GFLOP/s "
                           f"({r['standard_bwd_s'] / r['flash_bwd_s']:.2f}x)", file=sys.stderr, flush=True)
 
+    bf16 = []
+    if args.bf16:
+        threads = max(thread_counts)
+        for causal in (False, True):
+            for s in [x for x in seqlens if x >= 2048]:
+                cmd = [cli, "bench", "--heads", "8", "--hdim", "128", "--seqlen", str(s), "--threads", str(threads),
+                       "--iters", "3", "--dtype", "bf16", "--json"] + (["--causal"] if causal else [])
+                print(" ".join(cmd), file=sys.stderr, flush=True)
+                r = run(cmd, dict(env, OMP_NUM_THREADS=str(threads)))[-1]
+                r.update(threads=threads, hdim=128, causal=causal, seqlen=s)
+                bf16.append(r)
+
     os.makedirs(args.out, exist_ok=True)
+    affinity = sorted(os.sched_getaffinity(0))
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "cpu": cpu_model(), "cores": os.cpu_count(), "flags": cpu_flags(), "fma_peak": peaks,
-        "command": "python3 bench/cpu_matrix.py" + (" --quick" if args.quick else ""),
+        "affinity": affinity,
+        "command": "python3 bench/cpu_matrix.py" + (" --quick" if args.quick else "")
+        + (f" --threads {args.threads}" if args.threads != "1,2" else "") + (" --bf16" if args.bf16 else ""),
     }
     with open(os.path.join(args.out, "cpu.json"), "w") as f:
-        json.dump({"meta": meta, "cells": cells}, f, indent=1)
+        json.dump({"meta": meta, "cells": cells, "bf16": bf16}, f, indent=1)
 
     gf = lambda flops, sec: flops / sec * 1e-9
     mib = lambda b: f"{b / 2**20:.1f}"
@@ -84,7 +106,8 @@ def main():
         "# CPU benchmark: FlashTile vs standard attention",
         "",
         f"- date: {meta['date']}",
-        f"- machine: {meta['cpu']}, {meta['cores']} cores; SIMD flags: {' '.join(meta['flags'])}",
+        f"- machine: {meta['cpu']}, {meta['cores']} cores (this process ran on CPUs {affinity}); SIMD flags: "
+        f"{' '.join(meta['flags'])}",
         "- FMA peak measured by bench/fma_peak.cpp in the same run: "
         + ", ".join(f"{t} thread{'s' if t > 1 else ''}: {p['gflops']:.0f} GFLOP/s ({p['isa']})" for t, p in peaks.items()),
         f"- command: `{meta['command']}` (each cell: `flashtile bench --heads 8 --hdim D --seqlen S --threads T "
@@ -111,6 +134,19 @@ def main():
             f"| {mib(c['flash_fwd_peak_bytes'])} | {mib(c['standard_fwd_peak_bytes'])} "
             f"| {mib(c['flash_bwd_peak_bytes'])} | {mib(c['standard_bwd_peak_bytes'])} | {mib(c['standard_p_bytes'])} "
             f"| {c['isa']} |")
+    if bf16:
+        lines += [
+            "",
+            f"## bf16 inputs, forward, D = 128, {bf16[0]['threads']} threads (against float32 standard attention)",
+            "",
+            "| S | causal | FT bf16 GFLOP/s | std fp32 GFLOP/s | ratio | ISA |",
+            "|---:|:---:|---:|---:|---:|---|",
+        ]
+        for c in bf16:
+            fl = c["fwd_flops"]
+            lines.append(f"| {c['seqlen']} | {'yes' if c['causal'] else 'no'} | {gf(fl, c['flash_fwd_s']):.1f} "
+                         f"| {gf(fl, c['standard_fwd_s']):.1f} | {c['standard_fwd_s'] / c['flash_fwd_s']:.2f} "
+                         f"| {c['isa']} |")
     with open(os.path.join(args.out, "cpu.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -9,7 +9,10 @@
 #   FT_KERNELS=all         FLASHTILE_CUDA_KERNELS subset, e.g. "hdim64;hdim128"
 #   FT_BUILD=build/gpu     build directory
 #   FT_PYTHON=auto         build + pip install the Python package (auto: when python/ and pyproject.toml exist)
-#   FT_STEPS="tests parity sanitize bench"   which steps to run after the build (also: profile)
+#   FT_STEPS="tests parity sanitize bench"   which steps to run (also: profile, breakdown, cpu)
+#                          cpu: scripts/cpu_remote.sh run (CPU tests per ISA + CPU benchmark, from binaries
+#                          carried in .carry/cpu; runs first, before the build loads the cores)
+#   FT_BREAKDOWN_CELLS     hdim:seqlen:causal list for the breakdown step (bench/gpu_profile.py --breakdown)
 #   FT_BENCH_ARGS=""       extra arguments for bench/gpu_bench.py (e.g. "--hdims 128 --seqlens 1024,8192")
 #   CUTLASS_DIR            CuTe headers (default: .carry/cutlass/include if present, else the pip package)
 set -uo pipefail
@@ -31,6 +34,16 @@ has_step() { [[ " $STEPS " == *" $1 "* ]]; }
 
 note "== gpu_check $(date -u +%FT%TZ) on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
 note "archs=$ARCHS kernels=$KERNELS jobs=$JOBS steps='$STEPS'"
+
+if has_step cpu; then
+  if [[ -f .carry/cpu/lib.tar.xz ]]; then
+    OUT=$OUT bash scripts/cpu_remote.sh run > "$OUT/cpu.log" 2>&1
+    note "CPU (scripts/cpu_remote.sh run):"; sed "s/^/  /" "$OUT/cpu.log" | tee -a "$SUMMARY" > /dev/null
+  else
+    note "CPU: skipped (no .carry/cpu; run 'bash scripts/cpu_remote.sh pack' here and carry .carry)"
+  fi
+  [[ " $STEPS " == " cpu " ]] && { cat "$SUMMARY"; exit 0; }
+fi
 
 # --- dependencies that a bare GPU machine may lack ------------------------------------------------------------
 if [[ -z "${CUTLASS_DIR:-}" && -d .carry/cutlass/include ]]; then CUTLASS_DIR=$ROOT/.carry/cutlass/include; fi
@@ -138,6 +151,13 @@ PY
   else
     note "PROFILE: ncu not found"
   fi
+fi
+
+if has_step breakdown; then  # each call's event-timed interval split into kernel time and the rest
+  t0=$(date +%s)
+  timeout 300 python3 bench/gpu_profile.py --lib "$CAPI" --breakdown --json "$OUT/breakdown.json" \
+    ${FT_BREAKDOWN_CELLS:+--cells "$FT_BREAKDOWN_CELLS"} > "$OUT/breakdown.log" 2>&1
+  note "BREAKDOWN: rc=$? ($(( $(date +%s) - t0 )) s)"; cat "$OUT/breakdown.log" | cut -c1-200 | tee -a "$SUMMARY"
 fi
 
 if has_step bench; then

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# CPU checks on another x86-64 machine (the GPU machine's host CPU has AVX-512 and avx512_bf16, this
+# development VM has AVX2 only), from binaries built here and carried there: the GPU machine has no OpenBLAS
+# and reaches no package registry.
+#
+#   here:  bash scripts/cpu_remote.sh pack          # build/cpu -> .carry/cpu (binaries + OpenBLAS runtime)
+#   there: bash scripts/cpu_remote.sh run           # tests on every runnable ISA path, then the benchmark
+#
+# `run` forces each kernel set the CPU executes (FLASHTILE_CPU_ISA) through the whole CPU test suite, then runs
+# bench/cpu_matrix.py pinned to two CPUs on different physical cores (FT_CPU_BENCH_ARGS, default
+# "--threads 2 --bf16"; FT_CPU_BENCH=0 skips it). Logs and the table go to $OUT/cpu.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+CARRY=.carry/cpu
+
+pack() {
+  cmake --build build/cpu -j"$(nproc)" --target flashtile_cli flashtile_tests flashtile_fma_peak || exit 1
+  rm -rf "$CARRY" && mkdir -p "$CARRY/apps/flashtile" "$CARRY/tests" "$CARRY/bench" "$CARRY/lib"
+  cp build/cpu/apps/flashtile/flashtile "$CARRY/apps/flashtile/"
+  cp build/cpu/tests/flashtile_tests "$CARRY/tests/"
+  cp build/cpu/bench/flashtile_fma_peak "$CARRY/bench/"
+  # The CLI's runtime libraries that a bare Ubuntu image lacks (OpenBLAS and its Fortran runtime), compressed.
+  ldd build/cpu/apps/flashtile/flashtile | awk '/openblas|gfortran|quadmath/ {print $3}' |
+    xargs -I{} cp -L {} "$CARRY/lib/"
+  tar -C "$CARRY" -cJf "$CARRY/lib.tar.xz" lib && rm -rf "$CARRY/lib"
+  du -sh "$CARRY"
+}
+
+# Two CPUs on different physical cores: cpu0 and the first CPU that is not cpu0's hyperthread sibling.
+two_cores() {
+  local sib second
+  sib=$(cat /sys/devices/system/cpu/cpu0/topology/thread_siblings_list 2>/dev/null || echo 0)
+  for c in $(seq 1 $(( $(nproc) - 1 ))); do
+    if ! python3 -c "import sys; s=sys.argv[1]; r=set();
+[r.update(range(int(a), int(b)+1)) if '-' in p else r.add(int(p)) for p in s.split(',') for a,_,b in [p.partition('-')]]
+sys.exit(0 if int(sys.argv[2]) in r else 1)" "$sib" "$c"; then second=$c; break; fi
+  done
+  echo "0,${second:-1}"
+}
+
+run() {
+  local out=${OUT:-$PWD/cpu-remote-out}/cpu
+  mkdir -p "$out" "$CARRY/lib"
+  tar -C "$CARRY" -xJf "$CARRY/lib.tar.xz"
+  export LD_LIBRARY_PATH=$PWD/$CARRY/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  local summary=$out/summary.txt
+  { lscpu | grep -E "Model name|^CPU\(s\)|Thread|Core|Socket|L1d|L2|L3"; grep -o -w 'avx512[a-z0-9_]*\|amx[a-z0-9_]*' /proc/cpuinfo | sort -u | tr '\n' ' '; echo; } > "$summary"
+  local isas
+  isas=$("$CARRY/apps/flashtile/flashtile" info 2>&1 | tee "$out/info.txt" | sed -n "s/.*isa paths runnable here: //p")
+  echo "runnable: ${isas:-?}" >> "$summary"
+  for isa in ${FT_CPU_ISAS:-$isas}; do
+    local t0=$(date +%s)
+    FLASHTILE_CPU_ISA=$isa timeout 300 "$CARRY/tests/flashtile_tests" --gtest_brief=1 --gtest_filter="${FT_CPU_FILTER:-*}" \
+      > "$out/tests-$isa.log" 2>&1
+    echo "TESTS $isa: rc=$? $(grep -E '^\[ +(PASSED|FAILED|SKIPPED) +\]' "$out/tests-$isa.log" | tr '\n' ' ')($(( $(date +%s) - t0 )) s)" >> "$summary"
+    grep -E '^\[  FAILED  \]' "$out/tests-$isa.log" | head -20 >> "$summary"
+  done
+  if [[ ${FT_CPU_BENCH:-1} == 1 ]]; then
+    local cpus t0=$(date +%s)
+    cpus=$(two_cores)
+    rm -rf build/cpu-remote && mkdir -p build/cpu-remote && cp -r "$CARRY/apps" "$CARRY/bench" build/cpu-remote/
+    timeout "${FT_CPU_BENCH_TIMEOUT:-400}" taskset -c "$cpus" python3 bench/cpu_matrix.py --build build/cpu-remote \
+      --out "$out" ${FT_CPU_BENCH_ARGS:---threads 2 --bf16} > "$out/bench.log" 2>&1
+    echo "BENCH: rc=$? on CPUs $cpus ($(( $(date +%s) - t0 )) s)" >> "$summary"
+  fi
+  cat "$summary"
+}
+
+case "${1:-}" in
+  pack) pack ;;
+  run) run ;;
+  *) echo "usage: $0 pack|run" >&2; exit 2 ;;
+esac
