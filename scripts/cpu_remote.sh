@@ -41,7 +41,7 @@ sys.exit(0 if int(sys.argv[2]) in r else 1)" "$sib" "$c"; then second=$c; break;
 run() {
   local out=${OUT:-$PWD/cpu-remote-out}/cpu
   mkdir -p "$out" "$CARRY/lib"
-  tar -C "$CARRY" -xJf "$CARRY/lib.tar.xz"
+  tar -C "$CARRY" -xJf "$CARRY/lib.tar.xz"  # (lib/ is git-ignored; pack removes it so the carry stays small)
   export LD_LIBRARY_PATH=$PWD/$CARRY/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   local summary=$out/summary.txt
   { lscpu | grep -E "Model name|^CPU\(s\)|Thread|Core|Socket|L1d|L2|L3"; grep -o -w 'avx512[a-z0-9_]*\|amx[a-z0-9_]*' /proc/cpuinfo | sort -u | tr '\n' ' '; echo; } > "$summary"

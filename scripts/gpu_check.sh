@@ -9,6 +9,7 @@
 #   FT_KERNELS=all         FLASHTILE_CUDA_KERNELS subset, e.g. "hdim64;hdim128"
 #   FT_BUILD=build/gpu     build directory
 #   FT_PYTHON=auto         build + pip install the Python package (auto: when python/ and pyproject.toml exist)
+#   FT_PY_KERNELS          the package's kernel subset (default: FT_KERNELS); step `pytest` runs tests/python
 #   FT_STEPS="tests parity sanitize bench"   which steps to run (also: profile, breakdown, cpu)
 #                          cpu: scripts/cpu_remote.sh run (CPU tests per ISA + CPU benchmark, from binaries
 #                          carried in .carry/cpu; runs first, before the build loads the cores)
@@ -102,6 +103,16 @@ if has_step tests; then
   grep -E '^\[  FAILED  \]' "$OUT/tests.log" | head -40 | tee -a "$SUMMARY"
 fi
 
+if has_step pytest; then  # the Python package's tests (CPU and CUDA tensors) against the installed package
+  if [[ $PY == 1 ]]; then
+    t0=$(date +%s)
+    (cd /tmp && timeout 300 python3 -m pytest -q -p no:cacheprovider "$ROOT/tests/python") > "$OUT/pytest.log" 2>&1
+    note "PYTEST: rc=$? $(tail -1 "$OUT/pytest.log") ($(( $(date +%s) - t0 )) s)"
+  else
+    note "PYTEST: skipped (FT_PYTHON=0)"
+  fi
+fi
+
 if has_step parity; then
   if python3 -c "import torch" 2>/dev/null; then
     timeout 180 python3 tests/gpu/test_torch_parity.py --lib "$CAPI" > "$OUT/parity.log" 2>&1
@@ -188,4 +199,11 @@ for r in d["rows"]:
           f"{g('flashtile_bwd_tflops') or 0:6.0f} {ratio('flashtile_bwd_tflops','flash_bwd_tflops')} "
           f"{ratio('flashtile_bwd_tflops','cudnn_bwd_tflops')}")
 PY
+fi
+
+# The device tool brings back at most 8 files from $OUT: all but the summary and the benchmark's table and JSON
+# travel as one archive (FT_PACK=0 keeps them loose).
+if [[ ${FT_PACK:-1} == 1 ]]; then
+  keep=(! -name summary.txt ! -name bench.json ! -name bench.md ! -name logs.tar.gz)
+  (cd "$OUT" && find . -type f "${keep[@]}" | tar -czf logs.tar.gz -T - && find . -mindepth 1 "${keep[@]}" -delete)
 fi

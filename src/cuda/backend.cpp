@@ -66,6 +66,30 @@ const Gpus& gpus() {
   return g;
 }
 
+// The backward's workspace comes from one stream-ordered memory pool per device that keeps its memory between
+// calls. The device's default pool (plain cudaMallocAsync) returns freed memory to the driver at every
+// synchronisation (release threshold 0), so every call mapped its dQ accumulator afresh: measured on the H200,
+// 270 us of host time per call at B=32 H=16 S=512 D=128 (134 MB), a quarter of the call. Like PyTorch's caching
+// allocator, this pool keeps the largest workspace it has served until the process ends.
+cudaMemPool_t workspace_pool(int device) {
+  static std::mutex mutex;
+  static std::vector<cudaMemPool_t> pools;
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (pools.size() <= static_cast<std::size_t>(device)) pools.resize(static_cast<std::size_t>(device) + 1, nullptr);
+  cudaMemPool_t& pool = pools[static_cast<std::size_t>(device)];
+  if (pool == nullptr) {
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    check(cudaMemPoolCreate(&pool, &props), "cudaMemPoolCreate (backward workspace pool)");
+    std::uint64_t keep = UINT64_MAX;
+    check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep),
+          "cudaMemPoolSetAttribute (backward workspace pool)");
+  }
+  return pool;
+}
+
 // Sets the current device for the scope of a call and restores the caller's.
 class DeviceGuard {
  public:
@@ -270,7 +294,8 @@ class CudaSm80 final : public Backend {
     const std::size_t bytes_dq = round(rows * static_cast<std::size_t>(bucket) * 4), bytes_row = round(rows * 4);
     const std::size_t bytes_sem = p.deterministic ? round(rows / static_cast<std::size_t>(t.block_m) * 4) : 0;
     void* ws = nullptr;
-    check(cudaMallocAsync(&ws, bytes_dq + 2 * bytes_row + bytes_sem, stream), "cudaMallocAsync (backward workspace)");
+    check(cudaMallocFromPoolAsync(&ws, bytes_dq + 2 * bytes_row + bytes_sem, workspace_pool(p.device_index), stream),
+          "cudaMallocFromPoolAsync (backward workspace)");
     char* base = static_cast<char*>(ws);
     b.dq_accum = reinterpret_cast<float*>(base);
     b.dsum = reinterpret_cast<float*>(base + bytes_dq);
