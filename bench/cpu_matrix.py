@@ -17,6 +17,7 @@ import datetime
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 
@@ -50,7 +51,11 @@ def main():
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     ap.add_argument("--bf16", action="store_true", help="add the bf16-input forward section")
+    ap.add_argument("--hdims", default="64,128")
+    ap.add_argument("--seqlens", default=None, help="comma-separated (default 512..8192; --quick: ..2048)")
     args = ap.parse_args()
+    # A `timeout` (SIGTERM) still writes the cells measured so far.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     thread_counts = [int(t) for t in args.threads.split(",")]
     cli = os.path.join(args.build, "apps/flashtile/flashtile")
     peak = os.path.join(args.build, "bench/flashtile_fma_peak")
@@ -58,10 +63,20 @@ def main():
     env["OPENBLAS_NUM_THREADS"] = "1"
 
     peaks = {p["threads"]: p for p in run([peak], env)}
+    print("FMA peak:", json.dumps(peaks), file=sys.stderr, flush=True)
     seqlens = [512, 1024, 2048] if args.quick else [512, 1024, 2048, 4096, 8192]
-    cells = []
+    if args.seqlens:
+        seqlens = [int(x) for x in args.seqlens.split(",")]
+    cells, bf16 = [], []
+    try:
+        measure(args, cli, env, thread_counts, seqlens, cells, bf16)
+    finally:
+        write(args, peaks, thread_counts, cells, bf16)
+
+
+def measure(args, cli, env, thread_counts, seqlens, cells, bf16):
     for threads in thread_counts:
-        for d in (64, 128):
+        for d in (int(x) for x in args.hdims.split(",")):
             for causal in (False, True):
                 for s in seqlens:
                     iters = 5 if s <= 2048 else 3
@@ -76,7 +91,6 @@ def main():
                           f"{2.5 * r['fwd_flops'] / r['flash_bwd_s'] * 1e-9:7.1f} GFLOP/s "
                           f"({r['standard_bwd_s'] / r['flash_bwd_s']:.2f}x)", file=sys.stderr, flush=True)
 
-    bf16 = []
     if args.bf16:
         threads = max(thread_counts)
         for causal in (False, True):
@@ -87,7 +101,12 @@ def main():
                 r = run(cmd, dict(env, OMP_NUM_THREADS=str(threads)))[-1]
                 r.update(threads=threads, hdim=128, causal=causal, seqlen=s)
                 bf16.append(r)
+                print(f"  bf16 fwd {r['fwd_flops'] / r['flash_fwd_s'] * 1e-9:7.1f} GFLOP/s "
+                      f"({r['standard_fwd_s'] / r['flash_fwd_s']:.2f}x float32 standard) [{r['isa']}]",
+                      file=sys.stderr, flush=True)
 
+
+def write(args, peaks, thread_counts, cells, bf16):
     os.makedirs(args.out, exist_ok=True)
     affinity = sorted(os.sched_getaffinity(0))
     meta = {
@@ -95,7 +114,9 @@ def main():
         "cpu": cpu_model(), "cores": os.cpu_count(), "flags": cpu_flags(), "fma_peak": peaks,
         "affinity": affinity,
         "command": "python3 bench/cpu_matrix.py" + (" --quick" if args.quick else "")
-        + (f" --threads {args.threads}" if args.threads != "1,2" else "") + (" --bf16" if args.bf16 else ""),
+        + (f" --threads {args.threads}" if args.threads != "1,2" else "") + (" --bf16" if args.bf16 else "")
+        + (f" --hdims {args.hdims}" if args.hdims != "64,128" else "")
+        + (f" --seqlens {args.seqlens}" if args.seqlens else ""),
     }
     with open(os.path.join(args.out, "cpu.json"), "w") as f:
         json.dump({"meta": meta, "cells": cells, "bf16": bf16}, f, indent=1)

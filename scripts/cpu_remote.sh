@@ -8,7 +8,8 @@
 #
 # `run` forces each kernel set the CPU executes (FLASHTILE_CPU_ISA) through the whole CPU test suite, then runs
 # bench/cpu_matrix.py pinned to two CPUs on different physical cores (FT_CPU_BENCH_ARGS, default
-# "--threads 2 --bf16"; FT_CPU_BENCH=0 skips it). Logs and the table go to $OUT/cpu.
+# "--threads 2 --bf16"; FT_CPU_BENCH=0 skips it; FT_CPU_TESTS=0 skips the tests). Logs and the table go to
+# $OUT/cpu.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 CARRY=.carry/cpu
@@ -48,6 +49,7 @@ run() {
   local isas
   isas=$("$CARRY/apps/flashtile/flashtile" info 2>&1 | tee "$out/info.txt" | sed -n "s/.*isa paths runnable here: //p")
   echo "runnable: ${isas:-?}" >> "$summary"
+  [[ ${FT_CPU_TESTS:-1} == 1 ]] || isas=""
   for isa in ${FT_CPU_ISAS:-$isas}; do
     local t0=$(date +%s)
     FLASHTILE_CPU_ISA=$isa timeout 300 "$CARRY/tests/flashtile_tests" --gtest_brief=1 --gtest_filter="${FT_CPU_FILTER:-*}" \
