@@ -62,8 +62,10 @@ def main():
     env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
     env["OPENBLAS_NUM_THREADS"] = "1"
 
-    peaks = {p["threads"]: p for p in run([peak], env)}
-    print("FMA peak:", json.dumps(peaks), file=sys.stderr, flush=True)
+    measured = run([peak], env)
+    peaks = {p["threads"]: p for p in measured if p.get("kind", "fma") == "fma"}
+    dot_peaks = {p["threads"]: p for p in measured if p.get("kind") == "bf16dot"}
+    print("FMA peak:", json.dumps(peaks), "bf16 dot peak:", json.dumps(dot_peaks), file=sys.stderr, flush=True)
     seqlens = [512, 1024, 2048] if args.quick else [512, 1024, 2048, 4096, 8192]
     if args.seqlens:
         seqlens = [int(x) for x in args.seqlens.split(",")]
@@ -71,7 +73,7 @@ def main():
     try:
         measure(args, cli, env, thread_counts, seqlens, cells, bf16)
     finally:
-        write(args, peaks, thread_counts, cells, bf16)
+        write(args, peaks, dot_peaks, thread_counts, cells, bf16)
 
 
 def measure(args, cli, env, thread_counts, seqlens, cells, bf16):
@@ -106,12 +108,12 @@ def measure(args, cli, env, thread_counts, seqlens, cells, bf16):
                       file=sys.stderr, flush=True)
 
 
-def write(args, peaks, thread_counts, cells, bf16):
+def write(args, peaks, dot_peaks, thread_counts, cells, bf16):
     os.makedirs(args.out, exist_ok=True)
     affinity = sorted(os.sched_getaffinity(0))
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "cpu": cpu_model(), "cores": os.cpu_count(), "flags": cpu_flags(), "fma_peak": peaks,
+        "cpu": cpu_model(), "cores": os.cpu_count(), "flags": cpu_flags(), "fma_peak": peaks, "bf16_dot_peak": dot_peaks,
         "affinity": affinity,
         "command": "python3 bench/cpu_matrix.py" + (" --quick" if args.quick else "")
         + (f" --threads {args.threads}" if args.threads != "1,2" else "") + (" --bf16" if args.bf16 else "")
@@ -130,7 +132,10 @@ def write(args, peaks, thread_counts, cells, bf16):
         f"- machine: {meta['cpu']}, {meta['cores']} cores (this process ran on CPUs {affinity}); SIMD flags: "
         f"{' '.join(meta['flags'])}",
         "- FMA peak measured by bench/fma_peak.cpp in the same run: "
-        + ", ".join(f"{t} thread{'s' if t > 1 else ''}: {p['gflops']:.0f} GFLOP/s ({p['isa']})" for t, p in peaks.items()),
+        + ", ".join(f"{t} thread{'s' if t > 1 else ''}: {p['gflops']:.0f} GFLOP/s ({p['isa']})" for t, p in peaks.items())
+        + ("; bf16 dot-product (vdpbf16ps) peak: " + ", ".join(
+            f"{t} thread{'s' if t > 1 else ''}: {p['gflops']:.0f} GFLOP/s" for t, p in dot_peaks.items())
+           if dot_peaks else ""),
         f"- command: `{meta['command']}` (each cell: `flashtile bench --heads 8 --hdim D --seqlen S --threads T "
         "--backward [--causal]`, OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset, OPENBLAS_NUM_THREADS=1)",
         "- standard attention: float32, OpenBLAS sgemm, S and P materialised for all 8 heads, one BLAS thread per "

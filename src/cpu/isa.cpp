@@ -1,7 +1,8 @@
 // Run-time choice of the CPU kernel set. One binary carries a scalar (baseline x86-64 / any CPU), an
 // AVX2+FMA and an AVX-512 build of the same kernels, plus an AVX-512 build whose bf16 forward runs on
 // AVX512_BF16 dot products; the best one this CPU executes is used unless FLASHTILE_CPU_ISA forces another
-// (tests force each path in turn, including avx2-bf16emu, a test-only path that is never chosen by itself).
+// (tests force each path in turn). Two sets are never chosen by themselves: avx2-bf16emu (test-only) and
+// avx512-bf16, which lost to avx512 on the one AVX512_BF16 CPU measured (see kSets).
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -38,7 +39,11 @@ const KernelSet kSets[] = {
     // bf16 inputs on emulated pair products: slower than avx2, for the tests only.
     {"avx2-bf16emu", &avx2_bf16emu::forward, &avx2::backward, false},
     {"avx512", &avx512::forward, &avx512::backward},
-    {"avx512-bf16", &avx512_bf16::forward, &avx512::backward},
+    // bf16 forward on vdpbf16ps. Not automatic: on the Xeon (Sapphire Rapids class) of the GPU machine,
+    // vdpbf16ps peaked at 85 GFLOP/s per core against 171 for float32 FMAs (bench/fma_peak.cpp), and this
+    // set's bf16 forward ran at 81-93 GFLOP/s on 2 cores where avx512's (bf16 converted to float32 tiles
+    // once per head) ran at 156-161 (bench/results/cpu.md). FLASHTILE_CPU_ISA=avx512-bf16 selects it.
+    {"avx512-bf16", &avx512_bf16::forward, &avx512::backward, false},
 #endif
 };
 
