@@ -102,7 +102,15 @@ void forward_tile(const AttnParams& p, FwdScratch& w, std::int64_t b, std::int64
     // In a short last tile the padded columns past n are keys that do not exist: zeros, never read.
     gemm_nn(rows, padded(n), d, w.q.get(), w.ldq, w.kt_tile(k0), bk, w.s.get(), bk, false);
     const bool needs_mask = k0 < mask_lo || k0 + n > mask_hi;
+    // The next key tile's Kᵀ and V, requested toward L2 a slice per row (tile_ops.h, prefetch_slice).
+    const std::int64_t next_n = std::min<std::int64_t>(bk, k_hi - k0 - bk);
+    const float* next_kt = next_n > 0 ? w.kt_tile(k0 + bk) : nullptr;
+    const float* next_v = next_n > 0 ? w.v.get() + (k0 + bk) * w.ldv : nullptr;
     for (int r = 0; r < rows; ++r) {
+      if (next_kt != nullptr) {
+        prefetch_slice(next_kt, 4LL * d * bk, r, rows);
+        prefetch_slice(next_v, 4 * next_n * w.ldv, r, rows);
+      }
       float* sr = w.s.get() + static_cast<std::int64_t>(r) * bk;
       if (needs_mask) mask_row(p, q0 + r, k0, n, sr);
       w.limit[r] = needs_mask ? visible_in_tile(p, q0 + r, k0, n) : n;

@@ -96,6 +96,16 @@ inline float exp2_row(float* x, int n, float mul, float sub) {
   return sum;
 }
 
+// Prefetches slice `part` of `parts` of the cache lines of [p, p + bytes) toward L2. The forward spreads the
+// next key tile's Kᵀ and V over the rows of the current tile's softmax this way: with the head's K/V cache
+// in L3 (S = 4096, D = 128: 4 MiB), the key-tile loop ran at 39–43 GFLOP/s median on one AVX2 core without
+// it and 50–52 with it (interleaved micro-benchmark of the loop, 400 runs each).
+inline void prefetch_slice(const void* p, std::int64_t bytes, int part, int parts) {
+  const std::int64_t lines = (bytes + 63) / 64;
+  const char* c = static_cast<const char*>(p);
+  for (std::int64_t i = lines * part / parts; i < lines * (part + 1) / parts; ++i) __builtin_prefetch(c + 64 * i, 0, 2);
+}
+
 inline void scale_row(float* x, int n, float a) {
   for (int j = 0; j < n; ++j) x[j] *= a;
 }
