@@ -27,15 +27,11 @@ pack() {
   du -sh "$CARRY"
 }
 
-# Two CPUs on different physical cores: cpu0 and the first CPU that is not cpu0's hyperthread sibling.
+# Two CPUs on different physical cores: cpu0 and the first CPU whose core is not cpu0's.
 two_cores() {
-  local sib second
-  sib=$(cat /sys/devices/system/cpu/cpu0/topology/thread_siblings_list 2>/dev/null || echo 0)
-  for c in $(seq 1 $(( $(nproc) - 1 ))); do
-    if ! python3 -c "import sys; s=sys.argv[1]; r=set();
-[r.update(range(int(a), int(b)+1)) if '-' in p else r.add(int(p)) for p in s.split(',') for a,_,b in [p.partition('-')]]
-sys.exit(0 if int(sys.argv[2]) in r else 1)" "$sib" "$c"; then second=$c; break; fi
-  done
+  local core0 second
+  core0=$(lscpu -p=CPU,CORE | awk -F, '!/^#/ && $1 == 0 {print $2}')
+  second=$(lscpu -p=CPU,CORE | awk -F, -v c="$core0" '!/^#/ && $1 != 0 && $2 != c {print $1; exit}')
   echo "0,${second:-1}"
 }
 
