@@ -104,6 +104,23 @@ TEST(Dispatch, StrictRefusalListsTheReasons) {
   unsetenv("FLASHTILE_CPU_ISA");
 }
 
+// avx512-bf16 (vdpbf16ps at half the FMA rate where measured) and avx2-bf16emu (a test path) run only when
+// FLASHTILE_CPU_ISA names them; left to itself the dispatch picks a float32 kernel set, for bf16 inputs too.
+TEST(Dispatch, OptInIsaPathsAreNeverChosenByThemselves) {
+  auto rng = test_rng();
+  Case c;
+  c.sq = 9;
+  c.sk = 12;
+  c.d = c.dv = 16;
+  c.dtype = DType::bfloat16;
+  Problem p(c, rng);
+  unsetenv("FLASHTILE_CPU_ISA");
+  const auto plan = flashtile::explain_forward(p.q.view(), p.k.view(), p.v.view(), p.out.view(), p.lse.view(),
+                                               p.options("cpu-flash"));
+  ASSERT_EQ(plan.ran.backend, "cpu-flash");
+  EXPECT_TRUE(plan.ran.isa == "scalar" || plan.ran.isa == "avx2" || plan.ran.isa == "avx512") << plan.ran.isa;
+}
+
 TEST(Dispatch, ExplainTouchesNoData) {
   auto rng = test_rng();
   Problem p = small(rng);
