@@ -340,4 +340,21 @@ void expect_close(const char* what, const std::vector<double>& got, const std::v
                       << flashtile::dtype_name(dtype) << " " << std_err << ", tolerance " << tol;
 }
 
+ScopedCpuIsa::ScopedCpuIsa(const char* value) {
+  const char* now = std::getenv("FLASHTILE_CPU_ISA");
+  had_ = now != nullptr;
+  if (had_) old_ = now;
+  set(value);
+}
+
+ScopedCpuIsa::~ScopedCpuIsa() { set(had_ ? old_.c_str() : nullptr); }
+
+void ScopedCpuIsa::set(const char* value) {
+  if (value != nullptr) {
+    setenv("FLASHTILE_CPU_ISA", value, 1);
+  } else {
+    unsetenv("FLASHTILE_CPU_ISA");
+  }
+}
+
 }  // namespace ft_test

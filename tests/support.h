@@ -87,6 +87,22 @@ double backward_magnitude(const Results& ref);
 // Machine epsilon of the dtype.
 double eps(DType t);
 
+// Sets FLASHTILE_CPU_ISA (value non-null) or clears it (null) for a scope, and restores what it was: a test
+// that forces or clears the path must leave the rest of a one-process run (a forced-ISA run of the whole
+// binary) on the path that run was started with.
+class ScopedCpuIsa {
+ public:
+  explicit ScopedCpuIsa(const char* value);
+  ~ScopedCpuIsa();
+  ScopedCpuIsa(const ScopedCpuIsa&) = delete;
+  ScopedCpuIsa& operator=(const ScopedCpuIsa&) = delete;
+  void set(const char* value);
+
+ private:
+  bool had_ = false;
+  std::string old_;
+};
+
 // Asserts err(got) <= 2 * err(standard) + 8 * eps * max(max|ref|, magnitude) and prints both errors on
 // failure. `magnitude` is the scale of the quantities the output is summed from (for gradients: the
 // largest of the three gradients), so an output that is exactly 0 in theory (a softmax over one key has

@@ -67,7 +67,7 @@ TEST(Dispatch, NamedBackendThatCannotRunFallsBackLoudlyOrFailsWhenStrict) {
 TEST(Dispatch, NamedBackendWithNoFallbackIsAnErrorListingEveryReason) {
   auto rng = test_rng();
   Problem p = small(rng);
-  setenv("FLASHTILE_CPU_ISA", "no-such-isa", 1);
+  const ScopedCpuIsa forced("no-such-isa");
   try {
     flashtile::forward(p.q.view(), p.k.view(), p.v.view(), p.out.view(), p.lse.view(), p.options("cpu-flash"));
     ADD_FAILURE() << "ran although no backend can";
@@ -76,17 +76,15 @@ TEST(Dispatch, NamedBackendWithNoFallbackIsAnErrorListingEveryReason) {
     EXPECT_NE(msg.find("no-such-isa"), std::string::npos) << msg;
     EXPECT_NE(msg.find("cpu-reference"), std::string::npos) << msg;
   }
-  unsetenv("FLASHTILE_CPU_ISA");
 }
 
 TEST(Dispatch, StrictRefusalListsTheReasons) {
   auto rng = test_rng();
   Problem p = small(rng);
-  setenv("FLASHTILE_CPU_ISA", "avx512", 1);
+  const ScopedCpuIsa forced("avx512");
   const auto plan = flashtile::explain_forward(p.q.view(), p.k.view(), p.v.view(), p.out.view(), p.lse.view(),
                                                p.options());
   if (plan.ran.backend == "cpu-flash") {
-    unsetenv("FLASHTILE_CPU_ISA");
     GTEST_SKIP() << "this CPU runs AVX-512, so no refusal can be provoked this way";
   }
   EXPECT_TRUE(plan.ran.backend.empty());
@@ -101,7 +99,6 @@ TEST(Dispatch, StrictRefusalListsTheReasons) {
     EXPECT_NE(msg.find("cpu-flash"), std::string::npos) << msg;
     EXPECT_NE(msg.find("avx512"), std::string::npos) << msg;
   }
-  unsetenv("FLASHTILE_CPU_ISA");
 }
 
 // avx512-bf16 (vdpbf16ps at half the FMA rate where measured) and avx2-bf16emu (a test path) run only when
@@ -114,7 +111,7 @@ TEST(Dispatch, OptInIsaPathsAreNeverChosenByThemselves) {
   c.d = c.dv = 16;
   c.dtype = DType::bfloat16;
   Problem p(c, rng);
-  unsetenv("FLASHTILE_CPU_ISA");
+  const ScopedCpuIsa cleared(nullptr);
   const auto plan = flashtile::explain_forward(p.q.view(), p.k.view(), p.v.view(), p.out.view(), p.lse.view(),
                                                p.options("cpu-flash"));
   ASSERT_EQ(plan.ran.backend, "cpu-flash");

@@ -221,8 +221,7 @@ TEST(Edge, SoftmaxScaleIsHonoured) {
 
 TEST(Edge, EveryIsaPathThisCpuRunsAgreesWithTheOracle) {
   auto rng = test_rng();
-  const char* saved = std::getenv("FLASHTILE_CPU_ISA");
-  const std::string restore = saved ? saved : "";
+  ScopedCpuIsa forced(nullptr);
   // bf16 reaches the dot-product pair kernels of avx512-bf16 and avx2-bf16emu; d = 41 gives them an odd
   // head dim (a zero-padded last pair) and Sk = 91 an odd last key tile.
   for (DType t : {DType::float16, DType::bfloat16}) {
@@ -238,7 +237,7 @@ TEST(Edge, EveryIsaPathThisCpuRunsAgreesWithTheOracle) {
     const Results ref = oracle(p, true);
     const Results std_attn = standard_attention(p, true);
     for (const char* isa : {"scalar", "avx2", "avx512", "avx2-bf16emu", "avx512-bf16"}) {
-      setenv("FLASHTILE_CPU_ISA", isa, 1);
+      forced.set(isa);
       const auto plan = flashtile::explain_forward(p.q.view(), p.k.view(), p.v.view(), p.out.view(), p.lse.view(),
                                                    p.options());
       if (plan.ran.backend != "cpu-flash") continue;  // this CPU cannot execute that path
@@ -252,11 +251,6 @@ TEST(Edge, EveryIsaPathThisCpuRunsAgreesWithTheOracle) {
       expect_close("dq", p.dq.to_double(), std_attn.dq, ref.dq, c.dtype, mag);
       expect_close("dk", p.dk.to_double(), std_attn.dk, ref.dk, c.dtype, mag);
     }
-  }
-  if (restore.empty()) {
-    unsetenv("FLASHTILE_CPU_ISA");
-  } else {
-    setenv("FLASHTILE_CPU_ISA", restore.c_str(), 1);
   }
 }
 
