@@ -41,8 +41,9 @@ const KernelSet kSets[] = {
     {"avx512", &avx512::forward, &avx512::backward},
     // bf16 forward on vdpbf16ps. Not automatic: on the Xeon (Sapphire Rapids class) of the GPU machine,
     // vdpbf16ps peaked at 85 GFLOP/s per core against 171 for float32 FMAs (bench/fma_peak.cpp), and this
-    // set's bf16 forward ran at 81-93 GFLOP/s on 2 cores where avx512's (bf16 converted to float32 tiles
-    // once per head) ran at 156-161 (bench/results/cpu.md). FLASHTILE_CPU_ISA=avx512-bf16 selects it.
+    // set's bf16 forward ran at 81-93 GFLOP/s on 2 cores where the float32 kernels ran at 156-161 on float32
+    // inputs (bench/results/cpu.md). Without it, bf16 inputs take avx512's float32 kernels on tiles
+    // converted once per head. FLASHTILE_CPU_ISA=avx512-bf16 selects it.
     {"avx512-bf16", &avx512_bf16::forward, &avx512::backward, false},
 #endif
 };

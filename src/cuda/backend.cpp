@@ -68,9 +68,10 @@ const Gpus& gpus() {
 
 // The backward's workspace comes from one stream-ordered memory pool per device that keeps its memory between
 // calls. The device's default pool (plain cudaMallocAsync) returns freed memory to the driver at every
-// synchronisation (release threshold 0), so every call mapped its dQ accumulator afresh: measured on the H200,
-// 270 us of host time per call at B=32 H=16 S=512 D=128 (134 MB), a quarter of the call. Like PyTorch's caching
-// allocator, this pool keeps the largest workspace it has served until the process ends.
+// synchronisation (release threshold 0), so every call mapped its dQ accumulator afresh: on the H200 at
+// B=32 H=16 S=512 D=128 (134 MB) a call took 985 us with it and 823 us with this pool, whose kernels are the
+// same (bench/results/h200.md, breakdown). Like PyTorch's caching allocator, the pool keeps the largest
+// workspace it has served until the process ends.
 cudaMemPool_t workspace_pool(int device) {
   static std::mutex mutex;
   static std::vector<cudaMemPool_t> pools;
