@@ -9,11 +9,12 @@
 namespace ft_test {
 namespace {
 
-Problem small(std::mt19937_64& rng) {
+Problem small(std::mt19937_64& rng, DType dtype = DType::float32) {
   Case c;
   c.sq = 9;
   c.sk = 12;
   c.d = c.dv = 16;
+  c.dtype = dtype;
   return Problem(c, rng);
 }
 
@@ -105,12 +106,7 @@ TEST(Dispatch, StrictRefusalListsTheReasons) {
 // FLASHTILE_CPU_ISA names them; left to itself the dispatch picks a float32 kernel set, for bf16 inputs too.
 TEST(Dispatch, OptInIsaPathsAreNeverChosenByThemselves) {
   auto rng = test_rng();
-  Case c;
-  c.sq = 9;
-  c.sk = 12;
-  c.d = c.dv = 16;
-  c.dtype = DType::bfloat16;
-  Problem p(c, rng);
+  Problem p = small(rng, DType::bfloat16);
   const ScopedCpuIsa cleared(nullptr);
   const auto plan = flashtile::explain_forward(p.q.view(), p.k.view(), p.v.view(), p.out.view(), p.lse.view(),
                                                p.options("cpu-flash"));
