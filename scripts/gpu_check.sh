@@ -204,6 +204,6 @@ fi
 # The device tool brings back at most 8 files from $OUT: all but the summary and the benchmark's table and JSON
 # travel as one archive (FT_PACK=0 keeps them loose).
 if [[ ${FT_PACK:-1} == 1 ]]; then
-  keep=(! -name summary.txt ! -name bench.json ! -name bench.md ! -name logs.tar.gz)
+  keep=(! -path ./summary.txt ! -path ./bench.json ! -path ./bench.md ! -path ./logs.tar.gz)
   (cd "$OUT" && find . -type f "${keep[@]}" | tar -czf logs.tar.gz -T - && find . -mindepth 1 "${keep[@]}" -delete)
 fi
