@@ -51,7 +51,13 @@ def main():
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     ap.add_argument("--bf16", action="store_true", help="add the bf16-input forward section")
+    ap.add_argument("--bf16-isas", default="auto",
+                    help="ISA paths the bf16 section runs, comma-separated (auto: the dispatch's choice; others are "
+                         "forced with FLASHTILE_CPU_ISA)")
     ap.add_argument("--hdims", default="64,128")
+    ap.add_argument("--blas-core", default=None,
+                    help="OPENBLAS_CORETYPE for the baseline, for a CPU whose OpenBLAS does not recognise it (the "
+                         "core OpenBLAS ran is recorded either way)")
     ap.add_argument("--seqlens", default=None, help="comma-separated (default 512..8192; --quick: ..2048)")
     args = ap.parse_args()
     # A `timeout` (SIGTERM) still writes the cells measured so far.
@@ -60,12 +66,14 @@ def main():
     cli = os.path.join(args.build, "apps/flashtile/flashtile")
     peak = os.path.join(args.build, "bench/flashtile_fma_peak")
     env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+    if args.blas_core:
+        env["OPENBLAS_CORETYPE"] = args.blas_core
     env["OPENBLAS_NUM_THREADS"] = "1"
 
     measured = run([peak], env)
     peaks = {p["threads"]: p for p in measured if p.get("kind", "fma") == "fma"}
-    dot_peaks = {p["threads"]: p for p in measured if p.get("kind") == "bf16dot"}
-    print("FMA peak:", json.dumps(peaks), "bf16 dot peak:", json.dumps(dot_peaks), file=sys.stderr, flush=True)
+    dot_peaks = {(p["threads"], p["kind"]): p for p in measured if p.get("kind") in ("bf16dot", "amx")}
+    print("FMA peak:", json.dumps(peaks), "bf16 peaks:", json.dumps(list(dot_peaks.values())), file=sys.stderr, flush=True)
     seqlens = [512, 1024, 2048] if args.quick else [512, 1024, 2048, 4096, 8192]
     if args.seqlens:
         seqlens = [int(x) for x in args.seqlens.split(",")]
@@ -95,13 +103,14 @@ def measure(args, cli, env, thread_counts, seqlens, cells, bf16):
 
     if args.bf16:
         threads = max(thread_counts)
-        for causal in (False, True):
-            for s in [x for x in seqlens if x >= 2048]:
+        for causal, s, isa in ((c, s, i) for c in (False, True) for s in seqlens if s >= 2048
+                               for i in args.bf16_isas.split(",")):
                 cmd = [cli, "bench", "--heads", "8", "--hdim", "128", "--seqlen", str(s), "--threads", str(threads),
                        "--iters", "3", "--dtype", "bf16", "--json"] + (["--causal"] if causal else [])
-                print(" ".join(cmd), file=sys.stderr, flush=True)
-                r = run(cmd, dict(env, OMP_NUM_THREADS=str(threads)))[-1]
-                r.update(threads=threads, hdim=128, causal=causal, seqlen=s)
+                print(" ".join(cmd), "" if isa == "auto" else f"(FLASHTILE_CPU_ISA={isa})", file=sys.stderr, flush=True)
+                forced = {} if isa == "auto" else {"FLASHTILE_CPU_ISA": isa}
+                r = run(cmd, dict(env, OMP_NUM_THREADS=str(threads), **forced))[-1]
+                r.update(threads=threads, hdim=128, causal=causal, seqlen=s, forced=isa)
                 bf16.append(r)
                 print(f"  bf16 fwd {r['fwd_flops'] / r['flash_fwd_s'] * 1e-9:7.1f} GFLOP/s "
                       f"({r['standard_fwd_s'] / r['flash_fwd_s']:.2f}x float32 standard) [{r['isa']}]",
@@ -113,11 +122,14 @@ def write(args, peaks, dot_peaks, thread_counts, cells, bf16):
     affinity = sorted(os.sched_getaffinity(0))
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "cpu": cpu_model(), "cores": os.cpu_count(), "flags": cpu_flags(), "fma_peak": peaks, "bf16_dot_peak": dot_peaks,
-        "affinity": affinity,
+        "cpu": cpu_model(), "cores": os.cpu_count(), "flags": cpu_flags(), "fma_peak": peaks,
+        "bf16_peak": list(dot_peaks.values()),
+        "affinity": affinity, "blas": next((c["blas"] for c in cells + bf16 if "blas" in c), "?"),
         "command": "python3 bench/cpu_matrix.py" + (" --quick" if args.quick else "")
         + (f" --threads {args.threads}" if args.threads != "1,2" else "") + (" --bf16" if args.bf16 else "")
         + (f" --hdims {args.hdims}" if args.hdims != "64,128" else "")
+        + (f" --bf16-isas {args.bf16_isas}" if args.bf16_isas != "auto" else "")
+        + (f" --blas-core {args.blas_core}" if args.blas_core else "")
         + (f" --seqlens {args.seqlens}" if args.seqlens else ""),
     }
     with open(os.path.join(args.out, "cpu.json"), "w") as f:
@@ -133,11 +145,13 @@ def write(args, peaks, dot_peaks, thread_counts, cells, bf16):
         f"{' '.join(meta['flags'])}",
         "- FMA peak measured by bench/fma_peak.cpp in the same run: "
         + ", ".join(f"{t} thread{'s' if t > 1 else ''}: {p['gflops']:.0f} GFLOP/s ({p['isa']})" for t, p in peaks.items())
-        + ("; bf16 dot-product (vdpbf16ps) peak: " + ", ".join(
-            f"{t} thread{'s' if t > 1 else ''}: {p['gflops']:.0f} GFLOP/s" for t, p in dot_peaks.items())
-           if dot_peaks else ""),
+        + "".join(f"; bf16 peak on {'vdpbf16ps' if p['kind'] == 'bf16dot' else 'AMX tdpbf16ps'}, {t} "
+                  f"thread{'s' if t > 1 else ''}: {p['gflops']:.0f} GFLOP/s" for (t, _), p in dot_peaks.items()),
+        f"- standard attention's BLAS (as it reports itself): {meta['blas']}",
         f"- command: `{meta['command']}` (each cell: `flashtile bench --heads 8 --hdim D --seqlen S --threads T "
-        "--backward [--causal]`, OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset, OPENBLAS_NUM_THREADS=1)",
+        "--backward [--causal]`, OPENBLAS_L2_SIZE unset, "
+        + (f"OPENBLAS_CORETYPE={args.blas_core}" if args.blas_core else "OPENBLAS_CORETYPE unset")
+        + ", OPENBLAS_NUM_THREADS=1)",
         "- standard attention: float32, OpenBLAS sgemm, S and P materialised for all 8 heads, one BLAS thread per "
         "OpenMP worker; FlashTile: cpu-flash, float32, ISA path in the table",
         "- GFLOP/s: forward 4·B·H·S²·D (causal: visible scores only), backward 2.5× forward; time is the median of "
@@ -165,14 +179,16 @@ def write(args, peaks, dot_peaks, thread_counts, cells, bf16):
             "",
             f"## bf16 inputs, forward, D = 128, {bf16[0]['threads']} threads (against float32 standard attention)",
             "",
-            "| S | causal | FT bf16 GFLOP/s | std fp32 GFLOP/s | ratio | ISA |",
-            "|---:|:---:|---:|---:|---:|---|",
+            "| S | causal | FT bf16 GFLOP/s | std fp32 GFLOP/s | ratio | ISA | FT fp32 GFLOP/s (matrix cell) |",
+            "|---:|:---:|---:|---:|---:|---|---:|",
         ]
         for c in bf16:
             fl = c["fwd_flops"]
+            fp32 = [gf(m["fwd_flops"], m["flash_fwd_s"]) for m in cells if (m["threads"], m["hdim"], m["causal"],
+                    m["seqlen"]) == (c["threads"], c["hdim"], c["causal"], c["seqlen"])]
             lines.append(f"| {c['seqlen']} | {'yes' if c['causal'] else 'no'} | {gf(fl, c['flash_fwd_s']):.1f} "
                          f"| {gf(fl, c['standard_fwd_s']):.1f} | {c['standard_fwd_s'] / c['flash_fwd_s']:.2f} "
-                         f"| {c['isa']} |")
+                         f"| {c['isa']} | {f'{fp32[0]:.1f}' if fp32 else '-'} |")
     with open(os.path.join(args.out, "cpu.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -45,6 +45,7 @@ run() {
   local isas
   isas=$("$CARRY/apps/flashtile/flashtile" info 2>&1 | tee "$out/info.txt" | sed -n "s/.*isa paths runnable here: //p")
   echo "runnable: ${isas:-?}" >> "$summary"
+  grep "BLAS" "$out/info.txt" >> "$summary"
   [[ ${FT_CPU_TESTS:-1} == 1 ]] || isas=""
   for isa in ${FT_CPU_ISAS:-$isas}; do
     local t0=$(date +%s)

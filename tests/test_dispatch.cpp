@@ -102,8 +102,8 @@ TEST(Dispatch, StrictRefusalListsTheReasons) {
   }
 }
 
-// avx512-bf16 (vdpbf16ps at half the FMA rate where measured) and avx2-bf16emu (a test path) run only when
-// FLASHTILE_CPU_ISA names them; left to itself the dispatch picks a float32 kernel set, for bf16 inputs too.
+// avx512-bf16 (vdpbf16ps at half the FMA rate where measured), avx2-bf16emu and avx2-amxemu (test paths) run
+// only when FLASHTILE_CPU_ISA names them; left to itself the dispatch picks a float32 kernel set, or AMX.
 TEST(Dispatch, OptInIsaPathsAreNeverChosenByThemselves) {
   auto rng = test_rng();
   Problem p = small(rng, DType::bfloat16);
@@ -111,7 +111,9 @@ TEST(Dispatch, OptInIsaPathsAreNeverChosenByThemselves) {
   const auto plan = flashtile::explain_forward(p.q.view(), p.k.view(), p.v.view(), p.out.view(), p.lse.view(),
                                                p.options("cpu-flash"));
   ASSERT_EQ(plan.ran.backend, "cpu-flash");
-  EXPECT_TRUE(plan.ran.isa == "scalar" || plan.ran.isa == "avx2" || plan.ran.isa == "avx512") << plan.ran.isa;
+  EXPECT_TRUE(plan.ran.isa == "scalar" || plan.ran.isa == "avx2" || plan.ran.isa == "avx512" ||
+              plan.ran.isa == "avx512-amx")
+      << plan.ran.isa;
 }
 
 TEST(Dispatch, ExplainTouchesNoData) {

@@ -160,6 +160,35 @@ TEST(Edge, NaNInAValueOrGradientRowReachesOnlyRowsThatSeeIt) {
   }
 }
 
+// Kernels that multiply whole blocks of keys (the AMX path steps over 32) also multiply keys a row does not
+// see, with P = 0. Here a thread's K/V cache already holds keys past a query tile's last visible key when it
+// gets to that tile: one thread, two query heads sharing one KV head, so head 1's first tile (keys < 94)
+// comes after head 0's last (keys < 100), and the NaN value of key 95 sits in the same 32-key block as key 93.
+TEST(Edge, NaNInAValueBeyondATilesKeysStaysOut) {
+  auto rng = test_rng();
+  for (DType t : {DType::float32, DType::bfloat16}) {
+    Case c;
+    c.sq = 70;
+    c.sk = 100;
+    c.hq = 2;
+    c.hkv = 1;
+    c.d = c.dv = 24;
+    c.causal = true;
+    c.dtype = t;
+    Problem p(c, rng);
+    const std::int64_t bad = 95;  // seen by query rows i with i + sk - sq >= bad: i >= 65
+    p.v.set(bad * c.dv + 2, kNaN);
+    flashtile::Options o = p.options();
+    o.num_threads = 1;
+    run_fwd(p, o);
+    const auto out = p.out.to_double();
+    for (std::int64_t i = 0; i < c.sq; ++i)
+      for (std::int64_t h = 0; h < c.hq; ++h)
+        EXPECT_EQ(std::isnan(out[static_cast<std::size_t>((i * c.hq + h) * c.dv + 2)]), i >= 65)
+            << "row " << i << " head " << h << " " << dtype_name(t);
+  }
+}
+
 TEST(Edge, InfiniteInputGivesNaNNotGarbage) {
   auto rng = test_rng();
   Case c;

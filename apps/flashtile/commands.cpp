@@ -123,6 +123,7 @@ int run_info() {
   std::printf("\ncpu isa paths runnable here:");
   for (const std::string& i : cpu_isa_paths()) std::printf(" %s", i.c_str());
   std::printf("\ncpu isa path in use: %s\nthreads: %d\n", cpu_isa_selected().c_str(), omp_get_max_threads());
+  std::printf("standard attention's BLAS: %s\n", blas_description().c_str());
   return 0;
 }
 
@@ -224,10 +225,11 @@ int run_bench(const Args& a) {
   }
   std::printf("kernel: %s\n", rep.to_string().c_str());
   if (a.json) {
-    std::printf("{\"shape\": \"%s\", \"threads\": %d, \"iters\": %d, \"isa\": \"%s\", \"kernel\": \"%s\", "
+    std::printf("{\"shape\": \"%s\", \"threads\": %d, \"iters\": %d, \"isa\": \"%s\", \"kernel\": \"%s\", \"blas\": \"%s\", "
                 "\"fwd_flops\": %.6e, \"standard_fwd_s\": %.6e, \"flash_fwd_s\": %.6e, "
                 "\"standard_fwd_peak_bytes\": %lld, \"flash_fwd_peak_bytes\": %lld",
-                s.describe().c_str(), threads, a.iters, rep.ran.isa.c_str(), rep.ran.kernel.c_str(), ffl, sf.seconds,
+                s.describe().c_str(), threads, a.iters, rep.ran.isa.c_str(), rep.ran.kernel.c_str(),
+                blas_description().c_str(), ffl, sf.seconds,
                 ff.seconds, static_cast<long long>(sf.peak_extra), static_cast<long long>(ff.peak_extra));
     if (a.backward)
       std::printf(", \"standard_bwd_s\": %.6e, \"flash_bwd_s\": %.6e, \"standard_bwd_peak_bytes\": %lld, "

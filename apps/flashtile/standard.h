@@ -3,11 +3,18 @@
 // OpenMP worker. P is kept from forward to backward, as autograd keeps it.
 #pragma once
 
+#include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "args.h"
 
 namespace flashtile::app {
+
+// The BLAS behind the baseline, as OpenBLAS reports itself: build options and the kernel set (core) it chose
+// for this CPU, which decides its speed.
+std::string blas_description();
 
 class StandardAttention {
  public:
@@ -21,7 +28,8 @@ class StandardAttention {
   Shape s_;
   int threads_;
   float scale_;
-  std::vector<float> p_;  // [B, Hq, Sq, Sk]
+  std::unique_ptr<float[]> p_;  // [B, Hq, Sq, Sk]
+  std::int64_t p_size_ = 0;
 };
 
 }  // namespace flashtile::app

@@ -118,19 +118,6 @@ inline void gemm(int m, int n, int kp, const std::uint16_t* a, int lda, const st
   }
 }
 
-// dst[j] = bf16(src[j]) for j < n (round to nearest even), dst[j] = 0 for n <= j < n_even (the pair tail).
-inline void to_bf16_row(const float* src, std::uint16_t* dst, int n, int n_even) {
-  int j = 0;
-#if FT_BF16_PAIRS == 1
-  for (; j + 16 <= n; j += 16) {
-    const __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(src + j));
-    std::memcpy(dst + j, &h, sizeof h);
-  }
-#endif
-  for (; j < n; ++j) dst[j] = from_float<BFloat16>(src[j]).bits;
-  for (; j < n_even; ++j) dst[j] = 0;
-}
-
 FT_ISA_END
 }  // namespace flashtile::cpu::bf16
 #endif

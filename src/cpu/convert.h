@@ -9,6 +9,10 @@
 
 #include "flashtile/types.h"
 
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
+
 namespace flashtile::cpu {
 FT_ISA_BEGIN
 
@@ -41,6 +45,19 @@ inline BFloat16 from_float<BFloat16>(float x) {
   if ((u & 0x7fffffffu) > 0x7f800000u) return BFloat16{static_cast<std::uint16_t>((u >> 16) | 0x40u)};  // quiet NaN
   const std::uint32_t rounded = u + 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
   return BFloat16{static_cast<std::uint16_t>(rounded >> 16)};
+}
+
+// dst[j] = bf16(src[j]) for j < n (round to nearest even), dst[j] = 0 for n <= j < n_pad (a pair or tile tail).
+inline void to_bf16_row(const float* src, std::uint16_t* dst, int n, int n_pad) {
+  int j = 0;
+#if defined(__AVX512BF16__)
+  for (; j + 16 <= n; j += 16) {
+    const __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(src + j));
+    std::memcpy(dst + j, &h, sizeof h);
+  }
+#endif
+  for (; j < n; ++j) dst[j] = from_float<BFloat16>(src[j]).bits;
+  for (; j < n_pad; ++j) dst[j] = 0;
 }
 
 // Calls f.template operator()<T>() with T the C++ type of dtype.

@@ -136,10 +136,16 @@ void forward_typed(const AttnParams& p, TileConfig tile, int threads) {
 #if FT_BF16_PAIRS
 void forward_bf16_pairs(const AttnParams& p, TileConfig tile, int threads);  // flash_forward_bf16.cpp
 #endif
+#if FT_AMX
+void forward_bf16_amx(const AttnParams& p, TileConfig tile, int threads);  // flash_forward_amx.cpp
+#endif
 
 void forward(const AttnParams& p, TileConfig tile, int threads) {
 #if FT_BF16_PAIRS
   if (p.dtype == DType::bfloat16) return forward_bf16_pairs(p, tile, threads);
+#endif
+#if FT_AMX
+  if (p.dtype == DType::bfloat16) return forward_bf16_amx(p, tile, threads);
 #endif
   visit_dtype(p.dtype, [&]<class T>() { forward_typed<T>(p, tile, threads); });
 }

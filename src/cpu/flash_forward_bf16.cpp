@@ -10,14 +10,13 @@
 // A key tile's odd last key, and every key of a masked row past its pairs, is added with float32 FMAs, so
 // no product ever reads a key that its row does not see (a NaN there cannot leak through 0 · NaN).
 #include <algorithm>
-#include <cstring>
-#include <memory>
 
 #include "cpu/bf16_pairs.h"
 #include "cpu/exp2.h"
 #include "cpu/forward_common.h"
 #include "cpu/kernel_common.h"
 #include "cpu/kernels.h"
+#include "cpu/pair_cache.h"
 #include "cpu/tile_ops.h"
 
 #if !FT_BF16_PAIRS
@@ -28,47 +27,6 @@ namespace flashtile::cpu::FT_ISA_NS {
 namespace {
 
 using detail::AttnParams;
-
-struct PairScratch {
-  int bq, bk, d, dv, kp, ldq, ldv;  // kp: pairs along the head dim; ldq, ldv: padded to 16 (even)
-  std::int64_t n_kt;
-  std::unique_ptr<std::uint16_t[]> q, pb, kt, v;
-  std::unique_ptr<float[]> s, acc, m, l;
-  std::unique_ptr<int[]> limit;
-  std::int64_t cached_b = -1, cached_hk = -1, converted = 0;
-  template <class E>
-  static std::unique_ptr<E[]> zeros(std::int64_t n) {
-    return std::unique_ptr<E[]>(new E[static_cast<std::size_t>(n)]());
-  }
-  PairScratch(TileConfig t, int d_, int dv_, std::int64_t sk)
-      : bq(t.block_q), bk(t.block_k), d(d_), dv(dv_), kp((d_ + 1) / 2), ldq(padded(d_)), ldv(padded(dv_)),
-        n_kt((sk + t.block_k - 1) / t.block_k), q(zeros<std::uint16_t>(static_cast<std::int64_t>(bq) * ldq)),
-        pb(zeros<std::uint16_t>(static_cast<std::int64_t>(bq) * bk)),
-        kt(zeros<std::uint16_t>(n_kt * kp * bk * 2)), v(zeros<std::uint16_t>(n_kt * bk * ldv)),
-        s(zeros<float>(static_cast<std::int64_t>(bq) * bk)), acc(zeros<float>(static_cast<std::int64_t>(bq) * ldv)),
-        m(zeros<float>(bq)), l(zeros<float>(bq)), limit(new int[static_cast<std::size_t>(bq)]) {}
-  std::uint16_t* kt_tile(std::int64_t k0) { return kt.get() + (k0 / bk) * kp * bk * 2; }
-  // The pair row holding keys k0 and k0 + 1 (k0 even).
-  std::uint16_t* v_pairs(std::int64_t k0) { return v.get() + (k0 / 2) * 2 * ldv; }
-};
-
-// Makes keys [0, k_hi) of KV head (b, hk) available in the cache (bits copied, pairs interleaved).
-void cache_keys(const AttnParams& p, PairScratch& w, std::int64_t b, std::int64_t hk, std::int64_t k_hi) {
-  if (w.cached_b != b || w.cached_hk != hk) {
-    w.cached_b = b;
-    w.cached_hk = hk;
-    w.converted = 0;
-  }
-  for (std::int64_t j = w.converted; j < k_hi; ++j) {
-    const BFloat16* ks = row_ptr<BFloat16>(p.k, p.k_stride, b, j, hk);
-    std::uint16_t* kt = w.kt_tile(j) + 2 * (j % w.bk);
-    for (int c = 0; c < w.d; ++c) kt[(c / 2) * 2 * w.bk + c % 2] = ks[c].bits;
-    const BFloat16* vs = row_ptr<BFloat16>(p.v, p.v_stride, b, j, hk);
-    std::uint16_t* vd = w.v_pairs(j - j % 2) + j % 2;
-    for (int c = 0; c < w.dv; ++c) vd[2 * c] = vs[c].bits;
-  }
-  w.converted = std::max(w.converted, k_hi);
-}
 
 // acc[c] += P(row, key j) · V(k0 + j, c) for one key, in float32 (the odd key after a row's pairs).
 void add_single_key(const PairScratch& w, const std::uint16_t* pv_tile, const std::uint16_t* p_row, int j,
@@ -100,7 +58,7 @@ void forward_tile(const AttnParams& p, PairScratch& w, std::int64_t b, std::int6
   cache_keys(p, w, b, hk, k_hi);
   for (std::int64_t k0 = k_lo; k0 < k_hi; k0 += bk) {
     const int n = static_cast<int>(std::min<std::int64_t>(bk, k_hi - k0));
-    bf16::gemm(rows, padded(n), w.kp, w.q.get(), w.ldq, w.kt_tile(k0), 2 * bk, w.s.get(), bk, false);
+    bf16::gemm(rows, padded(n), (d + 1) / 2, w.q.get(), w.ldq, w.kt_tile(k0), 2 * bk, w.s.get(), bk, false);
     const bool needs_mask = k0 < mask_lo || k0 + n > mask_hi;
     for (int r = 0; r < rows; ++r) {
       float* sr = w.s.get() + static_cast<std::int64_t>(r) * bk;
@@ -108,7 +66,7 @@ void forward_tile(const AttnParams& p, PairScratch& w, std::int64_t b, std::int6
       if (needs_mask) mask_row(p, q0 + r, k0, n, sr);
       w.limit[r] = needs_mask ? visible_in_tile(p, q0 + r, k0, n) : n;
       online_softmax_row(sr, n, w.m[r], w.l[r], w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.dv);
-      bf16::to_bf16_row(sr, w.pb.get() + static_cast<std::int64_t>(r) * bk, n, n + n % 2);
+      to_bf16_row(sr, w.pb.get() + static_cast<std::int64_t>(r) * bk, n, n + n % 2);
     }
     const std::uint16_t* vt = w.v_pairs(k0);
     if (!needs_mask) {
@@ -136,7 +94,7 @@ void forward_tile(const AttnParams& p, PairScratch& w, std::int64_t b, std::int6
 void forward_bf16_pairs(const AttnParams& p, TileConfig tile, int threads) {
   const int d = static_cast<int>(p.hdim), dv = static_cast<int>(p.hdim_v);
   forward_tasks(
-      p, tile, threads, [&] { return PairScratch(tile, d, dv, p.seqlen_k); },
+      p, tile, threads, [&] { return PairScratch(tile, d, dv, p.seqlen_k, 16); },
       [&](PairScratch& w, std::int64_t b, std::int64_t h, std::int64_t q0) { forward_tile(p, w, b, h, q0); });
 }
 

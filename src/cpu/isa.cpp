@@ -1,8 +1,10 @@
 // Run-time choice of the CPU kernel set. One binary carries a scalar (baseline x86-64 / any CPU), an
 // AVX2+FMA and an AVX-512 build of the same kernels, plus an AVX-512 build whose bf16 forward runs on
 // AVX512_BF16 dot products; the best one this CPU executes is used unless FLASHTILE_CPU_ISA forces another
-// (tests force each path in turn). Two sets are never chosen by themselves: avx2-bf16emu (test-only) and
-// avx512-bf16, which lost to avx512 on the one AVX512_BF16 CPU measured (see kSets).
+// (tests force each path in turn). A further AVX-512 build runs bf16 forwards on AMX tiles where the CPU has
+// AMX-BF16 and the kernel grants the tile state. Three sets are never chosen by themselves: avx2-bf16emu and
+// avx2-amxemu (test-only emulations) and avx512-bf16, which lost to avx512 on the one AVX512_BF16 CPU
+// measured (see kSets).
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -15,8 +17,27 @@
 #endif
 #include <thread>
 
+#if defined(__linux__) && defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 namespace flashtile::cpu {
 namespace {
+
+// Linux gives a process the AMX tile registers only after it asks (arch_prctl ARCH_REQ_XCOMP_PERM for
+// XTILEDATA); without that the first tile instruction raises SIGILL. Asked once; the grant is process-wide.
+bool amx_granted() {
+#if defined(__linux__) && defined(__x86_64__)
+  static const bool granted = [] {
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return granted;
+#else
+  return false;
+#endif
+}
 
 bool cpu_has(std::string_view isa) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -28,6 +49,10 @@ bool cpu_has(std::string_view isa) {
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
            __builtin_cpu_supports("fma");
   if (isa == "avx512-bf16") return cpu_has("avx512") && __builtin_cpu_supports("avx512bf16");
+  if (isa == "avx512-amx")
+    return cpu_has("avx512-bf16") && __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16") &&
+           amx_granted();
+  if (isa == "avx2-amxemu") return cpu_has("avx2");
 #endif
   return isa == "scalar";
 }
@@ -38,6 +63,8 @@ const KernelSet kSets[] = {
     {"avx2", &avx2::forward, &avx2::backward},
     // bf16 inputs on emulated pair products: slower than avx2, for the tests only.
     {"avx2-bf16emu", &avx2_bf16emu::forward, &avx2::backward, false},
+    // bf16 inputs on emulated AMX tiles: much slower than avx2, for the tests only.
+    {"avx2-amxemu", &avx2_amxemu::forward, &avx2::backward, false},
     {"avx512", &avx512::forward, &avx512::backward},
     // bf16 forward on vdpbf16ps. Not automatic: on the Xeon (Sapphire Rapids class) of the GPU machine,
     // vdpbf16ps peaked at 85 GFLOP/s per core against 171 for float32 FMAs (bench/fma_peak.cpp), and this
@@ -45,6 +72,8 @@ const KernelSet kSets[] = {
     // inputs (bench/results/cpu.md). Without it, bf16 inputs take avx512's float32 kernels on tiles
     // converted once per head. FLASHTILE_CPU_ISA=avx512-bf16 selects it.
     {"avx512-bf16", &avx512_bf16::forward, &avx512::backward, false},
+    // bf16 forward on AMX tiles (tdpbf16ps); float32/float16 and the backward as avx512.
+    {"avx512-amx", &avx512_amx::forward, &avx512::backward},
 #endif
 };
 

@@ -1,0 +1,97 @@
+// CPU FlashAttention forward for bf16 inputs on AMX tiles (amx_tiles.h), compiled only into the kernel sets
+// that define FT_AMX (avx512-amx, and the avx2-amxemu test path); other dtypes run the float32 kernels.
+//
+// Same tiling, online softmax, masking and layouts as flash_forward_bf16.cpp (pair_cache.h), with both
+// products on whole tiles: S = Q·Kᵀ over 32 x 32 blocks of the query x key tile, O += P·V over 32 x 32 blocks
+// of the query x head-dim accumulator. Rows past the last query row and keys past a short last tile are
+// computed too and never read: the products step over 32 rows, 32 keys and 32 head-dim columns at a time.
+// Masked keys have P = 0 exactly, which takes them out of P·V unless their V is Inf or NaN (0 · Inf = NaN);
+// a tile whose keys hold such a value takes the visible keys only, row by row, in float32.
+#include <algorithm>
+
+#include "cpu/amx_tiles.h"
+#include "cpu/exp2.h"
+#include "cpu/forward_common.h"
+#include "cpu/kernel_common.h"
+#include "cpu/kernels.h"
+#include "cpu/pair_cache.h"
+#include "cpu/tile_ops.h"
+
+namespace flashtile::cpu::FT_ISA_NS {
+namespace {
+
+using detail::AttnParams;
+constexpr int kAlign = 32;  // rows, keys and head-dim columns per AMX block
+
+// acc[c] += Σ_{j < n} P(row, j) · V(j, c) in float32, from a pair tile of V.
+void add_keys(const PairScratch& w, const std::uint16_t* v_tile, const std::uint16_t* p_row, int n, float* acc) {
+  for (int j = 0; j < n; ++j) {
+    const float pj = to_float(BFloat16{p_row[j]});
+    const std::uint16_t* vj = v_tile + (j / 2) * 2 * w.ldv + j % 2;
+    for (int c = 0; c < w.dv; ++c) acc[c] += pj * to_float(BFloat16{vj[2 * c]});
+  }
+}
+
+void forward_tile(const AttnParams& p, PairScratch& w, std::int64_t b, std::int64_t h, std::int64_t q0) {
+  const int d = w.d, bk = w.bk;
+  const int rows = static_cast<int>(std::min<std::int64_t>(w.bq, p.seqlen_q - q0));
+  const int rows_pad = PairScratch::round_up(rows, kAlign);
+  const std::int64_t hk = h / p.group();
+  const float qscale = p.softmax_scale * kLog2e;
+
+  for (int r = 0; r < rows; ++r) {
+    const BFloat16* src = row_ptr<BFloat16>(p.q, p.q_stride, b, q0 + r, h);
+    std::uint16_t* dst = w.q.get() + static_cast<std::int64_t>(r) * w.ldq;
+    for (int c = 0; c < d; ++c) dst[c] = src[c].bits;  // columns d .. ldq stay zero
+    w.m[r] = kNegInf;
+    w.l[r] = 0.0f;
+    std::fill_n(w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.ldv, 0.0f);
+  }
+  const std::int64_t k_lo = p.key_begin(q0);
+  const std::int64_t k_hi = p.key_end(q0 + rows - 1);
+  const std::int64_t mask_lo = p.key_begin(q0 + rows - 1);
+  const std::int64_t mask_hi = p.key_end(q0);
+
+  cache_keys(p, w, b, hk, k_hi);
+  amx::configure();
+  for (std::int64_t k0 = k_lo; k0 < k_hi; k0 += bk) {
+    const int n = static_cast<int>(std::min<std::int64_t>(bk, k_hi - k0));
+    const int n_pad = PairScratch::round_up(n, kAlign);
+    amx::gemm(rows_pad, n_pad, w.kp / 16, w.q.get(), w.ldq, w.kt_tile(k0), 2 * bk, w.s.get(), bk, false);
+    const bool needs_mask = k0 < mask_lo || k0 + n > mask_hi;
+    for (int r = 0; r < rows; ++r) {
+      float* sr = w.s.get() + static_cast<std::int64_t>(r) * bk;
+      scale_row(sr, n, qscale);
+      if (needs_mask) mask_row(p, q0 + r, k0, n, sr);
+      w.limit[r] = needs_mask ? visible_in_tile(p, q0 + r, k0, n) : n;
+      online_softmax_row(sr, n, w.m[r], w.l[r], w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.dv);
+      to_bf16_row(sr, w.pb.get() + static_cast<std::int64_t>(r) * bk, n, n_pad);
+    }
+    const std::uint16_t* vt = w.v_pairs(k0);
+    if (!w.v_has_nonfinite(k0, k0 + n_pad)) {
+      amx::gemm(rows_pad, w.ldv, n_pad / kAlign, w.pb.get(), bk, vt, 2 * w.ldv, w.acc.get(), w.ldv, true);
+      continue;
+    }
+    for (int r = 0; r < rows; ++r)
+      add_keys(w, vt, w.pb.get() + static_cast<std::int64_t>(r) * bk, w.limit[r],
+               w.acc.get() + static_cast<std::int64_t>(r) * w.ldv);
+  }
+  amx::release();
+  write_output_rows<BFloat16>(p, b, h, q0, rows, w.acc.get(), w.ldv, w.m.get(), w.l.get(), w.dv);
+}
+
+static_assert(tile_config(64).block_q % kAlign == 0 && tile_config(64).block_k % kAlign == 0 &&
+              tile_config(128).block_q % kAlign == 0 && tile_config(128).block_k % kAlign == 0 &&
+              tile_config(256).block_q % kAlign == 0 && tile_config(256).block_k % kAlign == 0,
+              "AMX blocks step over 32 query rows and 32 keys: tiles must be multiples of 32");
+
+}  // namespace
+
+void forward_bf16_amx(const AttnParams& p, TileConfig tile, int threads) {
+  const int d = static_cast<int>(p.hdim), dv = static_cast<int>(p.hdim_v);
+  forward_tasks(
+      p, tile, threads, [&] { return PairScratch(tile, d, dv, p.seqlen_k, kAlign); },
+      [&](PairScratch& w, std::int64_t b, std::int64_t h, std::int64_t q0) { forward_tile(p, w, b, h, q0); });
+}
+
+}  // namespace flashtile::cpu::FT_ISA_NS

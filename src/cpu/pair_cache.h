@@ -1,0 +1,95 @@
+// Per-thread scratch of the bf16 forward kernels that multiply bf16 pairs (flash_forward_bf16.cpp on
+// vdpbf16ps, flash_forward_amx.cpp on AMX tiles). Both read the same layouts:
+//  - Q tile, row-major bf16 [bq][ldq], columns d .. ldq zero;
+//  - Kᵀ of the head, tile by tile, as pairs of head-dim entries per key: [Sk / bk][kp][bk][2];
+//  - V of the head as pairs of keys per column: [Sk / 2][ldv][2];
+//  - P tile, row-major bf16 [bq][bk].
+// `align` is the column multiple the kernel's products step over (16 for vector pairs, 32 for AMX tiles,
+// which take 32 bf16 per row); padding columns and pairs stay zero.
+//
+// The K/V cache holds the input bits (no conversion) and grows lazily with the keys the tiles need. Past
+// the keys filled so far it is zeroed up to the next `align` keys, so a product that steps over a short
+// last tile reads zeros, not keys left by another head. A product over whole tiles does read keys a row
+// does not see (with probability 0): v_nonfinite records, per group of `align` keys, whether any V value
+// there is Inf or NaN, in which case 0 · V is NaN and the kernel must take only the visible keys.
+#pragma once
+
+#include "cpu/isa_namespace.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+
+#include "core/params.h"
+#include "cpu/convert.h"
+#include "cpu/tile_config.h"
+
+namespace flashtile::cpu {
+FT_ISA_BEGIN
+
+struct PairScratch {
+  int bq, bk, d, dv, align, kp, ldq, ldv;  // kp: pairs along the (padded) head dim
+  std::int64_t n_kt;
+  std::unique_ptr<std::uint16_t[]> q, pb, kt, v;
+  std::unique_ptr<float[]> s, acc, m, l;
+  std::unique_ptr<int[]> limit;
+  std::unique_ptr<bool[]> v_nonfinite;  // per group of `align` keys
+  std::int64_t cached_b = -1, cached_hk = -1, converted = 0, zeroed = 0;
+
+  static constexpr int round_up(std::int64_t n, int m) { return static_cast<int>((n + m - 1) / m * m); }
+  template <class E>
+  static std::unique_ptr<E[]> zeros(std::int64_t n) {
+    return std::unique_ptr<E[]>(new E[static_cast<std::size_t>(n)]());
+  }
+  PairScratch(TileConfig t, int d_, int dv_, std::int64_t sk, int align_)
+      : bq(t.block_q), bk(t.block_k), d(d_), dv(dv_), align(align_), kp(round_up(d_, align_) / 2),
+        ldq(round_up(d_, align_)), ldv(round_up(dv_, align_)), n_kt((sk + t.block_k - 1) / t.block_k),
+        q(zeros<std::uint16_t>(static_cast<std::int64_t>(bq) * ldq)),
+        pb(zeros<std::uint16_t>(static_cast<std::int64_t>(bq) * bk)), kt(zeros<std::uint16_t>(n_kt * kp * bk * 2)),
+        v(zeros<std::uint16_t>(n_kt * bk * ldv)), s(zeros<float>(static_cast<std::int64_t>(bq) * bk)),
+        acc(zeros<float>(static_cast<std::int64_t>(bq) * ldv)), m(zeros<float>(bq)), l(zeros<float>(bq)),
+        limit(new int[static_cast<std::size_t>(bq)]), v_nonfinite(zeros<bool>(n_kt * bk / align + 1)) {}
+  std::uint16_t* kt_tile(std::int64_t k0) { return kt.get() + (k0 / bk) * kp * bk * 2; }
+  // The pair row holding keys k0 and k0 + 1 (k0 even).
+  std::uint16_t* v_pairs(std::int64_t k0) { return v.get() + (k0 / 2) * 2 * ldv; }
+  // Whether any V value of keys [k0, k1) (k0 a multiple of align) is Inf or NaN.
+  bool v_has_nonfinite(std::int64_t k0, std::int64_t k1) const {
+    for (std::int64_t g = k0 / align; g * align < k1; ++g)
+      if (v_nonfinite[g]) return true;
+    return false;
+  }
+};
+
+// Writes key j of KV head (b, hk) into the cache (bits copied, pairs interleaved); zero when src is null.
+inline void put_key(PairScratch& w, const BFloat16* ks, const BFloat16* vs, std::int64_t j) {
+  std::uint16_t* kt = w.kt_tile(j) + 2 * (j % w.bk);
+  for (int c = 0; c < w.d; ++c) kt[(c / 2) * 2 * w.bk + c % 2] = ks != nullptr ? ks[c].bits : 0;
+  std::uint16_t* vd = w.v_pairs(j - j % 2) + j % 2;
+  bool nonfinite = false;
+  for (int c = 0; c < w.dv; ++c) {
+    const std::uint16_t bits = vs != nullptr ? vs[c].bits : 0;
+    vd[2 * c] = bits;
+    nonfinite |= (bits & 0x7f80u) == 0x7f80u;  // exponent all ones: Inf or NaN
+  }
+  if (nonfinite) w.v_nonfinite[j / w.align] = true;
+}
+
+// Makes keys [0, k_hi) of KV head (b, hk) available in the cache, zeros up to the next `align` keys.
+inline void cache_keys(const detail::AttnParams& p, PairScratch& w, std::int64_t b, std::int64_t hk, std::int64_t k_hi) {
+  if (w.cached_b != b || w.cached_hk != hk) {
+    w.cached_b = b;
+    w.cached_hk = hk;
+    w.converted = w.zeroed = 0;
+    std::fill_n(w.v_nonfinite.get(), w.n_kt * w.bk / w.align + 1, false);
+  }
+  for (std::int64_t j = w.converted; j < k_hi; ++j)
+    put_key(w, row_ptr<BFloat16>(p.k, p.k_stride, b, j, hk), row_ptr<BFloat16>(p.v, p.v_stride, b, j, hk), j);
+  w.converted = std::max(w.converted, k_hi);
+  const std::int64_t pad_hi = std::min<std::int64_t>(PairScratch::round_up(w.converted, w.align), w.n_kt * w.bk);
+  for (std::int64_t j = std::max(w.converted, w.zeroed); j < pad_hi; ++j) put_key(w, nullptr, nullptr, j);
+  w.zeroed = std::max(w.zeroed, pad_hi);
+}
+
+FT_ISA_END
+}  // namespace flashtile::cpu
