@@ -62,10 +62,10 @@ void forward_tile(const AttnParams& p, PairScratch& w, std::int64_t b, std::int6
     const bool needs_mask = k0 < mask_lo || k0 + n > mask_hi;
     for (int r = 0; r < rows; ++r) {
       float* sr = w.s.get() + static_cast<std::int64_t>(r) * bk;
-      scale_row(sr, n, qscale);
       if (needs_mask) mask_row(p, q0 + r, k0, n, sr);
       w.limit[r] = needs_mask ? visible_in_tile(p, q0 + r, k0, n) : n;
-      online_softmax_row(sr, n, w.m[r], w.l[r], w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.dv);
+      online_softmax_row(sr, n, w.m[r], w.l[r], w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.dv,
+                         qscale);
       to_bf16_row(sr, w.pb.get() + static_cast<std::int64_t>(r) * bk, n, n + n % 2);
     }
     const std::uint16_t* vt = w.v_pairs(k0);

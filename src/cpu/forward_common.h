@@ -36,16 +36,17 @@ void forward_tasks(const detail::AttnParams& p, TileConfig tile, int threads, Ma
   });
 }
 
-// One step of the online softmax for one query row: scores sr[0, n) (log2 units, masked entries -inf) become
-// P = exp2(s - m_new), the running max m and sum l absorb the tile, and the output row acc[0, dv) is
-// rescaled when the max moved.
-inline void online_softmax_row(float* sr, int n, float& m, float& l, float* acc, int dv) {
-  const float mx = row_max(sr, n);
+// One step of the online softmax for one query row: scores sr[0, n) (times mul > 0 they are in log2 units;
+// masked entries -inf) become P = exp2(s·mul - m_new), the running max m and sum l absorb the tile, and the
+// output row acc[0, dv) is rescaled when the max moved. (The bf16 kernels pass the softmax scale as mul,
+// which saves a pass over the row; the float32 kernel folds it into Q.)
+inline void online_softmax_row(float* sr, int n, float& m, float& l, float* acc, int dv, float mul = 1.0f) {
+  const float mx = row_max(sr, n) * mul;
   const float m_old = m;
   const float m_new = mx > m_old ? mx : m_old;
   // All keys so far masked: keep exponentials at exp2(-inf) = 0 instead of exp2(-inf - -inf) = NaN.
   const float m_ref = m_new == kNegInf ? 0.0f : m_new;
-  const float sum = exp2_row(sr, n, 1.0f, m_ref);
+  const float sum = exp2_row(sr, n, mul, m_ref);
   const float alpha = exp2_fast(m_old - m_ref);
   l = l * alpha + sum;
   m = m_new;
