@@ -31,9 +31,9 @@ Reasons host_only(const AttnParams& p) {
 }
 
 class CpuFlash final : public Backend {
-  static cpu::TileConfig tiles(const AttnParams& p) {
+  static cpu::TileConfig tiles(const AttnParams& p, const cpu::KernelSet& ks) {
     const std::int64_t d = p.hdim > p.hdim_v ? p.hdim : p.hdim_v;
-    return p.is_backward() ? cpu::backward_tile_config(d) : cpu::tile_config(d);
+    return p.is_backward() ? cpu::backward_tile_config(d) : ks.forward_tiles(d, p.dtype);
   }
 
  public:
@@ -48,11 +48,12 @@ class CpuFlash final : public Backend {
     return why;
   }
   KernelInfo plan(const AttnParams& p) const override {
-    const cpu::TileConfig t = tiles(p);
+    const cpu::KernelSet& ks = cpu::select_kernels();
+    const cpu::TileConfig t = tiles(p, ks);
     KernelInfo k;
     k.backend = name();
     k.kernel = p.is_backward() ? "cpu_flash_bwd" : "cpu_flash_fwd";
-    k.isa = std::string(cpu::select_kernels().isa);
+    k.isa = std::string(ks.isa);
     k.block_q = t.block_q;
     k.block_k = t.block_k;
     k.threads = cpu::resolve_threads(p.num_threads);
@@ -61,7 +62,7 @@ class CpuFlash final : public Backend {
   }
   void run(const AttnParams& p) const override {
     const cpu::KernelSet& ks = cpu::select_kernels();
-    const cpu::TileConfig t = tiles(p);
+    const cpu::TileConfig t = tiles(p, ks);
     const int threads = cpu::resolve_threads(p.num_threads);
     (p.is_backward() ? ks.backward : ks.forward)(p, t, threads);
   }

@@ -80,11 +80,6 @@ void forward_tile(const AttnParams& p, PairScratch& w, std::int64_t b, std::int6
   write_output_rows<BFloat16>(p, b, h, q0, rows, w.acc.get(), w.ldv, w.m.get(), w.l.get(), w.dv);
 }
 
-static_assert(tile_config(64).block_q % kAlign == 0 && tile_config(64).block_k % kAlign == 0 &&
-              tile_config(128).block_q % kAlign == 0 && tile_config(128).block_k % kAlign == 0 &&
-              tile_config(256).block_q % kAlign == 0 && tile_config(256).block_k % kAlign == 0,
-              "AMX blocks step over 32 query rows and 32 keys: tiles must be multiples of 32");
-
 }  // namespace
 
 void forward_bf16_amx(const AttnParams& p, TileConfig tile, int threads) {

@@ -15,7 +15,16 @@ struct KernelSet {
   void (*forward)(const detail::AttnParams&, TileConfig, int threads);
   void (*backward)(const detail::AttnParams&, TileConfig, int threads);
   bool automatic = true;  // false: only when FLASHTILE_CPU_ISA names it (a test path)
+  // Forward tile sizes for a head dim and dtype (tile_config.h); the backward's are backward_tile_config.
+  TileConfig (*forward_tiles)(std::int64_t hdim, DType dtype) = [](std::int64_t hdim, DType) {
+    return tile_config(hdim);
+  };
 };
+
+// AMX sets: bf16 forwards on amx_tile_config, other dtypes as every set.
+inline TileConfig amx_forward_tiles(std::int64_t hdim, DType dtype) {
+  return dtype == DType::bfloat16 ? amx_tile_config(hdim) : tile_config(hdim);
+}
 
 #define FLASHTILE_DECLARE_ISA(ns)                                                  \
   namespace ns {                                                                   \

@@ -28,6 +28,22 @@ constexpr TileConfig tile_config(std::int64_t hdim) {
   return {32, 64};
 }
 
+// Forward tiles of the AMX bf16 kernel (flash_forward_amx.cpp), whose products run at up to ~1000 GFLOP/s
+// per core (bench/fma_peak.cpp, Sapphire Rapids-class Xeon), so the per-row softmax work sets the pace and a
+// wider key tile spreads each row's fixed cost (max, sums, output-row rescale) over more keys. Blocks are
+// 32 x 32, so both sizes are multiples of 32. Measured there, 2 threads, B=1 H=8 S=4096 bf16 forward, time
+// per call in three runs against 64 x 64 (the host's timings vary by ±20 % between runs):
+//  D <= 64 : 64 x 256 — full 436 vs 389 GFLOP/s, 0.092 vs 0.109 s, 0.100 vs 0.086 s; causal 422 vs 265
+//            GFLOP/s, 0.048 vs 0.048 s, 0.042 vs 0.065 s.
+//  D <= 128: 64 x 128 — full 456 vs 434 GFLOP/s, 0.146 vs 0.231 s, 0.117 vs 0.179 s; causal 512 vs 501
+//            GFLOP/s, 0.062 vs 0.092 s, 0.082 vs 0.087 s (128 x 128 was close: 0.146, 0.120 s full).
+//  D <= 256: as tile_config (not measured).
+constexpr TileConfig amx_tile_config(std::int64_t hdim) {
+  if (hdim <= 64) return {64, 256};
+  if (hdim <= 128) return {64, 128};
+  return tile_config(hdim);
+}
+
 // Backward tiles. A wider key tile halves how often each query tile's Q and dO are converted and how
 // often the dQ accumulator is read and written, per key tile. Measured as above, 2 threads, S = 2048:
 //  D <= 128: 64 x 128 — 88 GFLOP/s (1.08–1.14x standard attention); 64 x 64 gave 66 (0.82x).
@@ -41,5 +57,8 @@ static_assert(forward_working_set(tile_config(64), 64, 64) <= 256 * 1024);
 static_assert(forward_working_set(tile_config(128), 128, 128) <= 256 * 1024);
 static_assert(forward_working_set(tile_config(256), 256, 256) <= 256 * 1024);
 static_assert(tile_config(64).block_k % 16 == 0 && tile_config(256).block_k % 16 == 0);
+static_assert(amx_tile_config(64).block_q % 32 == 0 && amx_tile_config(64).block_k % 32 == 0 &&
+              amx_tile_config(128).block_q % 32 == 0 && amx_tile_config(128).block_k % 32 == 0 &&
+              amx_tile_config(256).block_q % 32 == 0 && amx_tile_config(256).block_k % 32 == 0);
 
 }  // namespace flashtile::cpu
