@@ -89,19 +89,15 @@ void forward_tile(const AttnParams& p, FwdScratch& w, std::int64_t b, std::int64
     w.l[r] = 0.0f;
     std::fill_n(w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.ldv, 0.0f);
   }
-  // Keys visible to any row of the tile: [k_lo, k_hi). Rows see prefixes, so the last row sees most.
-  const std::int64_t k_lo = p.key_begin(q0);
-  const std::int64_t k_hi = p.key_end(q0 + rows - 1);
-  // Keys in [mask_lo, mask_hi) are visible to every row of the tile: tiles inside it need no mask.
-  const std::int64_t mask_lo = p.key_begin(q0 + rows - 1);
-  const std::int64_t mask_hi = p.key_end(q0);
+  const TileKeys keys(p, q0, rows);
+  const std::int64_t k_hi = keys.hi;
 
   convert_keys<T>(p, w, b, hk, k_hi);
-  for (std::int64_t k0 = k_lo; k0 < k_hi; k0 += bk) {
+  for (std::int64_t k0 = keys.lo; k0 < k_hi; k0 += bk) {
     const int n = static_cast<int>(std::min<std::int64_t>(bk, k_hi - k0));
     // In a short last tile the padded columns past n are keys that do not exist: zeros, never read.
     gemm_nn(rows, padded(n), d, w.q.get(), w.ldq, w.kt_tile(k0), bk, w.s.get(), bk, false);
-    const bool needs_mask = k0 < mask_lo || k0 + n > mask_hi;
+    const bool needs_mask = keys.needs_mask(k0, n);
     // The next key tile's Kᵀ and V, requested toward L2 a slice per row (tile_ops.h, prefetch_slice).
     const std::int64_t next_n = std::min<std::int64_t>(bk, k_hi - k0 - bk);
     const float* next_kt = next_n > 0 ? w.kt_tile(k0 + bk) : nullptr;

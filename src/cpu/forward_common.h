@@ -36,6 +36,17 @@ void forward_tasks(const detail::AttnParams& p, TileConfig tile, int threads, Ma
   });
 }
 
+// The keys a query tile [q0, q0 + rows) works on. Rows see prefixes (causal) or everything, so the last row
+// sees most: keys [lo, hi) are visible to some row; keys in [all_lo, all_hi) to every row, so key tiles inside
+// that range need no mask.
+struct TileKeys {
+  std::int64_t lo, hi, all_lo, all_hi;
+  TileKeys(const detail::AttnParams& p, std::int64_t q0, int rows)
+      : lo(p.key_begin(q0)), hi(p.key_end(q0 + rows - 1)), all_lo(p.key_begin(q0 + rows - 1)),
+        all_hi(p.key_end(q0)) {}
+  bool needs_mask(std::int64_t k0, int n) const { return k0 < all_lo || k0 + n > all_hi; }
+};
+
 // One step of the online softmax for one query row: scores sr[0, n) (times mul > 0 they are in log2 units;
 // masked entries -inf) become P = exp2(s·mul - m_new), the running max m and sum l absorb the tile, and the
 // output row acc[0, dv) is rescaled when the max moved. (The bf16 kernels pass the softmax scale as mul,

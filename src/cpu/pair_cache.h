@@ -23,6 +23,8 @@
 
 #include "core/params.h"
 #include "cpu/convert.h"
+#include "cpu/forward_common.h"
+#include "cpu/kernel_common.h"
 #include "cpu/tile_config.h"
 
 namespace flashtile::cpu {
@@ -89,6 +91,36 @@ inline void cache_keys(const detail::AttnParams& p, PairScratch& w, std::int64_t
   const std::int64_t pad_hi = std::min<std::int64_t>(PairScratch::round_up(w.converted, w.align), w.n_kt * w.bk);
   for (std::int64_t j = std::max(w.converted, w.zeroed); j < pad_hi; ++j) put_key(w, nullptr, nullptr, j);
   w.zeroed = std::max(w.zeroed, pad_hi);
+}
+
+// Starts query rows [q0, q0 + rows) of head (b, h): their bits into the Q tile (columns d .. ldq stay zero),
+// running max -inf, sum 0, output row 0.
+inline void start_query_rows(const detail::AttnParams& p, PairScratch& w, std::int64_t b, std::int64_t h,
+                             std::int64_t q0, int rows) {
+  for (int r = 0; r < rows; ++r) {
+    const BFloat16* src = row_ptr<BFloat16>(p.q, p.q_stride, b, q0 + r, h);
+    std::uint16_t* dst = w.q.get() + static_cast<std::int64_t>(r) * w.ldq;
+    for (int c = 0; c < w.d; ++c) dst[c] = src[c].bits;
+    w.m[r] = kNegInf;
+    w.l[r] = 0.0f;
+    std::fill_n(w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.ldv, 0.0f);
+  }
+}
+
+// The softmax step of key tile [k0, k0 + n) for rows [0, rows): unscaled scores in w.s (the softmax scale
+// enters through exp2's multiplier, not through Q, which would round Q a second time) become P, rounded to
+// bf16 in w.pb with zeros from n to n_pad; the running max and sum absorb the tile; w.limit[r] = the keys row r
+// sees in the tile.
+inline void softmax_rows_to_bf16(const detail::AttnParams& p, PairScratch& w, std::int64_t q0, int rows,
+                                 std::int64_t k0, int n, int n_pad, bool needs_mask) {
+  const float qscale = p.softmax_scale * kLog2e;
+  for (int r = 0; r < rows; ++r) {
+    float* sr = w.s.get() + static_cast<std::int64_t>(r) * w.bk;
+    if (needs_mask) mask_row(p, q0 + r, k0, n, sr);
+    w.limit[r] = needs_mask ? visible_in_tile(p, q0 + r, k0, n) : n;
+    online_softmax_row(sr, n, w.m[r], w.l[r], w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.dv, qscale);
+    to_bf16_row(sr, w.pb.get() + static_cast<std::int64_t>(r) * w.bk, n, n_pad);
+  }
 }
 
 FT_ISA_END
