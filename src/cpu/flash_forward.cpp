@@ -15,6 +15,7 @@
 #include "cpu/forward_common.h"
 #include "cpu/kernel_common.h"
 #include "cpu/kernels.h"
+#include "cpu/phase_clock.h"
 #include "cpu/tile_ops.h"
 
 #ifndef FT_ISA_NS
@@ -25,6 +26,8 @@ namespace flashtile::cpu::FT_ISA_NS {
 namespace {
 
 using detail::AttnParams;
+
+PhaseTotals g_phases{FT_PHASE_STR(FT_ISA_NS) " float32 forward"};
 
 // Per-thread scratch. Leading dimensions are padded to 16 floats (tile_ops.h) and the padding starts
 // at zero: Q and V pad columns are never written, so they stay zero.
@@ -81,6 +84,7 @@ void forward_tile(const AttnParams& p, FwdScratch& w, std::int64_t b, std::int64
   const std::int64_t hk = h / p.group();
   const float qscale = p.softmax_scale * kLog2e;
 
+  PhaseTimer clock(g_phases);
   for (int r = 0; r < rows; ++r) {
     const T* src = row_ptr<T>(p.q, p.q_stride, b, q0 + r, h);
     float* dst = w.q.get() + static_cast<std::int64_t>(r) * w.ldq;
@@ -96,7 +100,9 @@ void forward_tile(const AttnParams& p, FwdScratch& w, std::int64_t b, std::int64
   for (std::int64_t k0 = keys.lo; k0 < k_hi; k0 += bk) {
     const int n = static_cast<int>(std::min<std::int64_t>(bk, k_hi - k0));
     // In a short last tile the padded columns past n are keys that do not exist: zeros, never read.
+    clock.skip();
     gemm_nn(rows, padded(n), d, w.q.get(), w.ldq, w.kt_tile(k0), bk, w.s.get(), bk, false);
+    clock.mark(kPhaseQK);
     const bool needs_mask = keys.needs_mask(k0, n);
     // The next key tile's Kᵀ and V, requested toward L2 a slice per row (tile_ops.h, prefetch_slice).
     const std::int64_t next_n = std::min<std::int64_t>(bk, k_hi - k0 - bk);
@@ -112,8 +118,10 @@ void forward_tile(const AttnParams& p, FwdScratch& w, std::int64_t b, std::int64
       w.limit[r] = needs_mask ? visible_in_tile(p, q0 + r, k0, n) : n;
       online_softmax_row(sr, n, w.m[r], w.l[r], w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, dv);
     }
+    clock.mark(kPhaseSoftmax);
     gemm_nn(rows, w.ldv, n, w.s.get(), bk, w.v.get() + k0 * w.ldv, w.ldv, w.acc.get(), w.ldv, true,
             needs_mask ? w.limit.get() : nullptr);
+    clock.mark(kPhasePV);
   }
 
   write_output_rows<T>(p, b, h, q0, rows, w.acc.get(), w.ldv, w.m.get(), w.l.get(), dv);

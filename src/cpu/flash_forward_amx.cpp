@@ -15,12 +15,15 @@
 #include "cpu/kernel_common.h"
 #include "cpu/kernels.h"
 #include "cpu/pair_cache.h"
+#include "cpu/phase_clock.h"
 #include "cpu/tile_ops.h"
 
 namespace flashtile::cpu::FT_ISA_NS {
 namespace {
 
 using detail::AttnParams;
+
+PhaseTotals g_phases{FT_PHASE_STR(FT_ISA_NS) " bf16 AMX forward"};
 constexpr int kAlign = 32;  // rows, keys and head-dim columns per AMX block
 
 // acc[c] += Σ_{j < n} P(row, j) · V(j, c) in float32, from a pair tile of V.
@@ -36,6 +39,7 @@ void forward_tile(const AttnParams& p, PairScratch& w, std::int64_t b, std::int6
   const int bk = w.bk;
   const int rows = static_cast<int>(std::min<std::int64_t>(w.bq, p.seqlen_q - q0));
   const int rows_pad = PairScratch::round_up(rows, kAlign);
+  PhaseTimer clock(g_phases);
   start_query_rows(p, w, b, h, q0, rows);
   const TileKeys keys(p, q0, rows);
   cache_keys(p, w, b, h / p.group(), keys.hi);
@@ -43,16 +47,21 @@ void forward_tile(const AttnParams& p, PairScratch& w, std::int64_t b, std::int6
   for (std::int64_t k0 = keys.lo; k0 < keys.hi; k0 += bk) {
     const int n = static_cast<int>(std::min<std::int64_t>(bk, keys.hi - k0));
     const int n_pad = PairScratch::round_up(n, kAlign);
+    clock.skip();
     amx::gemm(rows_pad, n_pad, w.kp / 16, w.q.get(), w.ldq, w.kt_tile(k0), 2 * bk, w.s.get(), bk, false);
+    clock.mark(kPhaseQK);
     softmax_rows_to_bf16(p, w, q0, rows, k0, n, n_pad, keys.needs_mask(k0, n));
+    clock.mark(kPhaseSoftmax);
     const std::uint16_t* vt = w.v_pairs(k0);
     if (!w.v_has_nonfinite(k0, k0 + n_pad)) {
       amx::gemm(rows_pad, w.ldv, n_pad / kAlign, w.pb.get(), bk, vt, 2 * w.ldv, w.acc.get(), w.ldv, true);
+      clock.mark(kPhasePV);
       continue;
     }
     for (int r = 0; r < rows; ++r)
       add_keys(w, vt, w.pb.get() + static_cast<std::int64_t>(r) * bk, w.limit[r],
                w.acc.get() + static_cast<std::int64_t>(r) * w.ldv);
+    clock.mark(kPhasePV);
   }
   amx::release();
   write_output_rows<BFloat16>(p, b, h, q0, rows, w.acc.get(), w.ldv, w.m.get(), w.l.get(), w.dv);
