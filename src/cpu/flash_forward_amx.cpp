@@ -10,13 +10,10 @@
 #include <algorithm>
 
 #include "cpu/amx_tiles.h"
-#include "cpu/exp2.h"
 #include "cpu/forward_common.h"
-#include "cpu/kernel_common.h"
 #include "cpu/kernels.h"
 #include "cpu/pair_cache.h"
 #include "cpu/phase_clock.h"
-#include "cpu/tile_ops.h"
 
 namespace flashtile::cpu::FT_ISA_NS {
 namespace {

@@ -12,9 +12,7 @@
 #include <algorithm>
 
 #include "cpu/bf16_pairs.h"
-#include "cpu/exp2.h"
 #include "cpu/forward_common.h"
-#include "cpu/kernel_common.h"
 #include "cpu/kernels.h"
 #include "cpu/pair_cache.h"
 #include "cpu/tile_ops.h"

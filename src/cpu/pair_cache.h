@@ -10,7 +10,7 @@
 // The K/V cache holds the input bits (no conversion) and grows lazily with the keys the tiles need. Past
 // the keys filled so far it is zeroed up to the next `align` keys, so a product that steps over a short
 // last tile reads zeros, not keys left by another head. A product over whole tiles does read keys a row
-// does not see (with probability 0): v_nonfinite records, per group of `align` keys, whether any V value
+// does not see (with P = 0): v_nonfinite records, per group of `align` keys, whether any V value
 // there is Inf or NaN, in which case 0 · V is NaN and the kernel must take only the visible keys.
 #pragma once
 
