@@ -23,15 +23,6 @@ using detail::AttnParams;
 PhaseTotals g_phases{FT_PHASE_STR(FT_ISA_NS) " bf16 AMX forward"};
 constexpr int kAlign = 32;  // rows, keys and head-dim columns per AMX block
 
-// acc[c] += Σ_{j < n} P(row, j) · V(j, c) in float32, from a pair tile of V.
-void add_keys(const PairScratch& w, const std::uint16_t* v_tile, const std::uint16_t* p_row, int n, float* acc) {
-  for (int j = 0; j < n; ++j) {
-    const float pj = to_float(BFloat16{p_row[j]});
-    const std::uint16_t* vj = v_tile + (j / 2) * 2 * w.ldv + j % 2;
-    for (int c = 0; c < w.dv; ++c) acc[c] += pj * to_float(BFloat16{vj[2 * c]});
-  }
-}
-
 void forward_tile(const AttnParams& p, PairScratch& w, std::int64_t b, std::int64_t h, std::int64_t q0) {
   const int bk = w.bk;
   const int rows = static_cast<int>(std::min<std::int64_t>(w.bq, p.seqlen_q - q0));
@@ -56,7 +47,7 @@ void forward_tile(const AttnParams& p, PairScratch& w, std::int64_t b, std::int6
       continue;
     }
     for (int r = 0; r < rows; ++r)
-      add_keys(w, vt, w.pb.get() + static_cast<std::int64_t>(r) * bk, w.limit[r],
+      add_keys(w, vt, w.pb.get() + static_cast<std::int64_t>(r) * bk, 0, w.limit[r],
                w.acc.get() + static_cast<std::int64_t>(r) * w.ldv);
     clock.mark(kPhasePV);
   }

@@ -26,14 +26,6 @@ namespace {
 
 using detail::AttnParams;
 
-// acc[c] += P(row, key j) · V(k0 + j, c) for one key, in float32 (the odd key after a row's pairs).
-void add_single_key(const PairScratch& w, const std::uint16_t* pv_tile, const std::uint16_t* p_row, int j,
-                    float* acc) {
-  const float pj = to_float(BFloat16{p_row[j]});
-  const std::uint16_t* vj = pv_tile + (j / 2) * 2 * w.ldv + j % 2;
-  for (int c = 0; c < w.dv; ++c) acc[c] += pj * to_float(BFloat16{vj[2 * c]});
-}
-
 void forward_tile(const AttnParams& p, PairScratch& w, std::int64_t b, std::int64_t h, std::int64_t q0) {
   const int bk = w.bk;
   const int rows = static_cast<int>(std::min<std::int64_t>(w.bq, p.seqlen_q - q0));
@@ -50,8 +42,8 @@ void forward_tile(const AttnParams& p, PairScratch& w, std::int64_t b, std::int6
       bf16::gemm(rows, w.ldv, n / 2, w.pb.get(), bk, vt, 2 * w.ldv, w.acc.get(), w.ldv, true);
       if (n % 2 != 0)
         for (int r = 0; r < rows; ++r)
-          add_single_key(w, vt, w.pb.get() + static_cast<std::int64_t>(r) * bk, n - 1,
-                         w.acc.get() + static_cast<std::int64_t>(r) * w.ldv);
+          add_keys(w, vt, w.pb.get() + static_cast<std::int64_t>(r) * bk, n - 1, n,
+                   w.acc.get() + static_cast<std::int64_t>(r) * w.ldv);
       continue;
     }
     // Masked tile: each row takes the pairs of its visible keys, then its odd last one.
@@ -60,7 +52,7 @@ void forward_tile(const AttnParams& p, PairScratch& w, std::int64_t b, std::int6
       const std::uint16_t* pr = w.pb.get() + static_cast<std::int64_t>(r) * bk;
       float* ar = w.acc.get() + static_cast<std::int64_t>(r) * w.ldv;
       if (lim >= 2) bf16::gemm(1, w.ldv, lim / 2, pr, bk, vt, 2 * w.ldv, ar, w.ldv, true);
-      if (lim % 2 != 0) add_single_key(w, vt, pr, lim - 1, ar);
+      if (lim % 2 != 0) add_keys(w, vt, pr, lim - 1, lim, ar);
     }
   }
   write_output_rows<BFloat16>(p, b, h, q0, rows, w.acc.get(), w.ldv, w.m.get(), w.l.get(), w.dv);

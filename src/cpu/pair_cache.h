@@ -93,6 +93,18 @@ inline void cache_keys(const detail::AttnParams& p, PairScratch& w, std::int64_t
   w.zeroed = std::max(w.zeroed, pad_hi);
 }
 
+// acc[c] += Σ_{j0 <= j < j1} P(row, j) · V(k0 + j, c) in float32, from the P row and V pair tile of key tile k0:
+// the keys the pair products leave out (a row's odd last key, or every visible key of a block that holds an
+// Inf/NaN value a row must not touch).
+inline void add_keys(const PairScratch& w, const std::uint16_t* v_tile, const std::uint16_t* p_row, int j0, int j1,
+                     float* acc) {
+  for (int j = j0; j < j1; ++j) {
+    const float pj = to_float(BFloat16{p_row[j]});
+    const std::uint16_t* vj = v_tile + (j / 2) * 2 * w.ldv + j % 2;
+    for (int c = 0; c < w.dv; ++c) acc[c] += pj * to_float(BFloat16{vj[2 * c]});
+  }
+}
+
 // Starts query rows [q0, q0 + rows) of head (b, h): their bits into the Q tile (columns d .. ldq stay zero),
 // running max -inf, sum 0, output row 0.
 inline void start_query_rows(const detail::AttnParams& p, PairScratch& w, std::int64_t b, std::int64_t h,
