@@ -106,6 +106,12 @@ inline void prefetch_slice(const void* p, std::int64_t bytes, int part, int part
   for (std::int64_t i = lines * part / parts; i < lines * (part + 1) / parts; ++i) __builtin_prefetch(c + 64 * i, 0, 2);
 }
 
+// c[i] += a[i] for the first rows · ld entries.
+inline void add_rows(int rows, int ld, const float* __restrict a, float* __restrict c) {
+  const std::int64_t n = static_cast<std::int64_t>(rows) * ld;
+  for (std::int64_t i = 0; i < n; ++i) c[i] += a[i];
+}
+
 inline void scale_row(float* x, int n, float a) {
   for (int j = 0; j < n; ++j) x[j] *= a;
 }
