@@ -5,6 +5,8 @@
 // Hq % Hkv == 0 (GQA / MQA), 1 <= D, Dv <= 256. Outputs are caller-allocated and fully written.
 #pragma once
 
+#include <cstddef>
+
 #include "flashtile/dispatch.h"
 #include "flashtile/errors.h"
 #include "flashtile/options.h"
@@ -31,6 +33,13 @@ DispatchReport explain_backward(const TensorView& q, const TensorView& k, const 
                                 const TensorView& out, const TensorView& dout, const TensorView& lse,
                                 const TensorView& dq, const TensorView& dk, const TensorView& dv,
                                 const Options& options = {});
+
+// Bytes of scratch memory the backward that these arguments select needs (0 for CPU backends); pass that much
+// as Options::workspace to make the backward allocate nothing. Validates like backward() (bad arguments throw).
+std::size_t backward_workspace_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
+                                     const TensorView& out, const TensorView& dout, const TensorView& lse,
+                                     const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                                     const Options& options = {});
 
 // The report of the last forward/backward call made on this thread.
 const DispatchReport& last_dispatch();

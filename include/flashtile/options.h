@@ -1,6 +1,7 @@
 // Options shared by forward and backward.
 #pragma once
 
+#include <cstddef>
 #include <optional>
 #include <string>
 
@@ -25,6 +26,12 @@ struct Options {
   // CUDA backends: the stream (a cudaStream_t) to enqueue on; null = the default stream. The call is
   // asynchronous with respect to the host on that stream, as a CUDA library call is.
   void* cuda_stream = nullptr;
+  // Backward only: scratch memory for the backend (device memory of the tensors' device for CUDA), at least
+  // backward_workspace_bytes() large and 256-byte aligned. Given, the call allocates nothing, so it can be
+  // captured in a CUDA graph with memory the caller's allocator owns (the Python package passes a torch
+  // tensor). Null: CUDA backends take it from a per-device pool that keeps its memory between calls.
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
 };
 
 }  // namespace flashtile

@@ -58,13 +58,14 @@ def flash_attn_func(q, k, v, *, softmax_scale=None, causal=False, return_lse=Fal
     Every argument after v is keyword-only: flash_attn's fourth positional argument is dropout_p, and a
     call written for it must not silently pass that value as softmax_scale.
     """
-    check_dropout(dropout_p)
-    path = _path(q)
-    kwargs = dict(softmax_scale=softmax_scale, causal=causal, backend=backend, strict=strict)
-    if path is _torch_ops:
-        out, lse = _torch_ops.forward(q, k, v, deterministic=deterministic, **kwargs)
+    if dropout_p != 0.0:
+        check_dropout(dropout_p)
+    if _is_torch(q):  # positional: this runs on every call of a training or serving loop
+        out, lse = _torch_ops.forward(q, k, v, softmax_scale, causal, backend, strict, deterministic)
     else:
-        out, lse = _numpy.forward(q, k, v, **kwargs)
+        _path(q)  # raises for what is neither numpy nor torch
+        out, lse = _numpy.forward(q, k, v, softmax_scale=softmax_scale, causal=causal, backend=backend,
+                                  strict=strict)
     return (out, lse) if return_lse else out
 
 
@@ -74,9 +75,10 @@ def flash_attn_backward(q, k, v, out, dout, lse, *, softmax_scale=None, causal=F
     from autograd). out and lse are what flash_attn_func(..., return_lse=True) returned for the same
     q, k, v and options; P is recomputed from them. dk and dv sum over the query heads sharing a KV head.
     """
-    path = _path(q)
-    return path.backward(q, k, v, out, dout, lse, softmax_scale=softmax_scale, causal=causal, backend=backend,
-                         strict=strict, deterministic=deterministic)
+    if _path(q) is _torch_ops:
+        return _torch_ops.backward(q, k, v, out, dout, lse, softmax_scale, causal, backend, strict, deterministic)
+    return _numpy.backward(q, k, v, out, dout, lse, softmax_scale=softmax_scale, causal=causal, backend=backend,
+                           strict=strict, deterministic=deterministic)
 
 
 def _swap12(x):

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import atexit
-import threading
-
 from . import _core
 
 InvalidArgumentError = _core.InvalidArgumentError
@@ -12,31 +9,11 @@ DTypeError = _core.DTypeError
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 
-# The most recent report from any thread. The C++ library keeps one per thread, but torch runs backward
-# on its own threads (one per CUDA device), where a per-thread report would be invisible to the caller.
-_last_lock = threading.Lock()
-_last_report = None
-
-
-def record(report):
-    global _last_report
-    with _last_lock:
-        _last_report = report
-    return report
-
-
-@atexit.register
-def _forget_last():
-    # Drop the report before interpreter teardown: torch's op registry keeps this module alive past the
-    # point where nanobind checks for leaked instances, and it would report this one.
-    record(None)
-
 
 def last_dispatch():
     """The DispatchReport of the most recent forward or backward call made through flashtile in this
-    process (any thread), or None before the first call."""
-    with _last_lock:
-        return _last_report
+    process (any thread: torch runs the backward on its own threads), or None before the first call."""
+    return _core.last_report()
 
 
 def dtype_name(x) -> str:

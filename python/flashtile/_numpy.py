@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _core
-from ._common import check_float, check_rank, kind_name, record
+from ._common import check_float, check_rank, kind_name
 
 Q, K, V = "[B, Sq, Hq, D]", "[B, Sk, Hkv, D]", "[B, Sk, Hkv, Dv]"
 OUT, LSE = "[B, Sq, Hq, Dv]", "[B, Hq, Sq]"
@@ -34,10 +34,7 @@ def forward(q, k, v, *, softmax_scale, causal, backend, strict, explain=False):
     lse = np.empty((b, hq, sq), dtype=np.float32)
     report = _core.forward(_bits(q), _bits(k), _bits(v), _bits(out), lse, softmax_scale=softmax_scale,
                            causal=causal, backend=backend, strict=strict, bf16_bits=True, explain=explain)
-    if explain:
-        return report
-    record(report)
-    return out, lse
+    return report if explain else (out, lse)
 
 
 def backward(q, k, v, out, dout, lse, *, softmax_scale, causal, backend, strict, deterministic, explain=False):
@@ -50,7 +47,4 @@ def backward(q, k, v, out, dout, lse, *, softmax_scale, causal, backend, strict,
     report = _core.backward(_bits(q), _bits(k), _bits(v), _bits(out), _bits(dout), lse, _bits(dq), _bits(dk),
                             _bits(dv), softmax_scale=softmax_scale, causal=causal, backend=backend,
                             strict=strict, deterministic=deterministic, bf16_bits=True, explain=explain)
-    if explain:
-        return report
-    record(report)
-    return dq, dk, dv
+    return report if explain else (dq, dk, dv)

@@ -1,8 +1,15 @@
-"""torch.library custom ops flashtile::fwd and flashtile::bwd, with autograd and fake (meta) kernels.
+"""The torch path: forward and backward on torch tensors, with autograd, for eager calls and for torch.compile.
 
-Imported by the package only when torch is importable. Outputs are allocated with torch.empty on the
-inputs' device and handed to the C++ library through DLPack, so the same code serves CPU and CUDA
-tensors: the library reads the device (DLPack device type and index) from the tensors.
+Two doors to the same two functions (_forward, _backward), chosen per call by forward():
+  * eager: a torch.autograd.Function (or, when no gradient is wanted, a plain call). On the H200 host the
+    torch.library custom op's own Python machinery cost ~35 us per forward, twice a tiny call's whole budget
+    (bench/results/overhead.md), so eager calls do not go through it;
+  * torch.compile: the custom ops flashtile::fwd / flashtile::bwd with fake kernels and a registered autograd
+    formula, which the compiler traces without graph breaks (its tracing sees is_compiling() true).
+Outputs (and the CUDA backward's workspace) are allocated with torch.empty, so they come from torch's caching
+allocator, and from the graph's private pool while a CUDA graph is captured. The kernels run on torch's current
+stream of the tensors' device, passed to the library as Options::cuda_stream: the call is ordered like any torch
+op and can be captured.
 """
 
 # No `from __future__ import annotations`: torch.library.custom_op reads these annotations as types.
@@ -11,70 +18,92 @@ from typing import Optional, Tuple
 import torch
 
 from . import _core
-from ._common import check_float, check_rank, kind_name, record
+from ._common import check_float, check_rank, kind_name
 
 Tensor = torch.Tensor
+_current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
-def _on_library_stream(device: torch.device, call):
-    """Runs call() ordered after the caller's pending work on `device` and before its later work.
-
-    The CUDA backend launches on the legacy default stream (the C++ API has no stream argument yet),
-    which is torch's default stream. When the caller has made another stream current, that stream's work
-    on the inputs must finish before the kernels start, and its later work must wait for the outputs."""
-    if device.type != "cuda":
-        return call()
-    current = torch.cuda.current_stream(device)
-    default = torch.cuda.default_stream(device)
-    if current == default:
-        return call()
-    default.wait_stream(current)
-    try:
-        return call()
-    finally:
-        current.wait_stream(default)
+def _stream(q: Tensor) -> int:
+    """torch's current CUDA stream of q's device as an integer handle (0 for CPU tensors)."""
+    if not q.is_cuda:
+        return 0
+    if _current_raw_stream is not None:
+        return _current_raw_stream(q.get_device())
+    return torch.cuda.current_stream(q.device).cuda_stream
 
 
-def _fwd_shapes(q: Tensor, v: Tensor):
+def _workspace(nbytes: int, like: Tensor) -> Tensor:
+    return torch.empty(nbytes, dtype=torch.uint8, device=like.device)
+
+
+def _forward(q, k, v, softmax_scale, causal, backend, strict):
+    """out [B, Sq, Hq, Dv] and lse [B, Hq, Sq] (float32)."""
     b, sq, hq, _ = q.shape
-    return (b, sq, hq, v.shape[3]), (b, hq, sq)
-
-
-@torch.library.custom_op("flashtile::fwd", mutates_args=())
-def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional[float], causal: bool, backend: str,
-        strict: bool, deterministic: bool) -> Tuple[Tensor, Tensor]:
-    """out [B, Sq, Hq, Dv] and lse [B, Hq, Sq] (float32). `deterministic` is only kept for backward."""
-    out_shape, lse_shape = _fwd_shapes(q, v)
-    out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
-    # detach(): torch refuses to export tensors that require grad through DLPack; autograd is handled
-    # by the op's registered backward, not by looking into this function.
-    record(_on_library_stream(q.device, lambda: _core.forward(
-        q.detach(), k.detach(), v.detach(), out, lse, softmax_scale=softmax_scale, causal=causal,
-        backend=backend, strict=strict)))
+    out = torch.empty((b, sq, hq, v.shape[3]), dtype=q.dtype, device=q.device)
+    lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
+    _core.forward_torch(q, k, v, out, lse, softmax_scale, causal, backend, strict, _stream(q))
     return out, lse
 
 
-@fwd.register_fake
-def _fwd_fake(q, k, v, softmax_scale, causal, backend, strict, deterministic):
-    out_shape, lse_shape = _fwd_shapes(q, v)
-    return q.new_empty(out_shape), q.new_empty(lse_shape, dtype=torch.float32)
-
-
-@torch.library.custom_op("flashtile::bwd", mutates_args=())
-def bwd(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor, lse: Tensor, softmax_scale: Optional[float],
-        causal: bool, backend: str, strict: bool, deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+def _backward(q, k, v, out, dout, lse, softmax_scale, causal, backend, strict, deterministic):
     """dq, dk, dv (shapes and dtype of q, k, v) from the saved out and lse; recomputes P in tiles."""
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     # With no query rows the library runs no kernel, and dk, dv (sums over query rows) must be zero.
     alloc = torch.zeros if q.shape[1] == 0 else torch.empty
     dk = alloc(k.shape, dtype=q.dtype, device=q.device)
     dv = alloc(v.shape, dtype=q.dtype, device=q.device)
-    record(_on_library_stream(q.device, lambda: _core.backward(
-        q.detach(), k.detach(), v.detach(), out.detach(), dout.detach(), lse.detach(), dq, dk, dv,
-        softmax_scale=softmax_scale, causal=causal, backend=backend, strict=strict,
-        deterministic=deterministic)))
+    _core.backward_torch(q, k, v, out, dout, lse, dq, dk, dv, softmax_scale, causal, backend, strict, deterministic,
+                         _stream(q), lambda n: _workspace(n, q))
     return dq, dk, dv
+
+
+def _unit_stride(dout):
+    # Gradients of reductions arrive as expanded (stride 0) tensors; the kernel needs a unit-stride last dim.
+    return dout if dout.stride(-1) == 1 else dout.contiguous()
+
+
+# --- eager: autograd.Function ----------------------------------------------------------------------------------
+
+class _Attention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, softmax_scale, causal, backend, strict, deterministic):
+        out, lse = _forward(q, k, v, softmax_scale, causal, backend, strict)
+        # out and lse are all backward needs: P is recomputed, never stored.
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.options = (softmax_scale, causal, backend, strict, deterministic)
+        # The library's backward has no gradient input for lse; a loss that uses lse must not silently get a
+        # wrong gradient, so lse is a constant for autograd.
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _backward(q, k, v, out, _unit_stride(dout), lse, *ctx.options)
+        return dq, dk, dv, None, None, None, None, None
+
+
+# --- torch.compile: custom ops ---------------------------------------------------------------------------------
+
+@torch.library.custom_op("flashtile::fwd", mutates_args=())
+def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional[float], causal: bool, backend: str,
+        strict: bool, deterministic: bool) -> Tuple[Tensor, Tensor]:
+    """out [B, Sq, Hq, Dv] and lse [B, Hq, Sq] (float32). `deterministic` is only kept for backward."""
+    return _forward(q, k, v, softmax_scale, causal, backend, strict)
+
+
+@fwd.register_fake
+def _fwd_fake(q, k, v, softmax_scale, causal, backend, strict, deterministic):
+    b, sq, hq, _ = q.shape
+    return q.new_empty((b, sq, hq, v.shape[3])), q.new_empty((b, hq, sq), dtype=torch.float32)
+
+
+@torch.library.custom_op("flashtile::bwd", mutates_args=())
+def bwd(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor, lse: Tensor, softmax_scale: Optional[float],
+        causal: bool, backend: str, strict: bool, deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """dq, dk, dv (shapes and dtype of q, k, v) from the saved out and lse; recomputes P in tiles."""
+    return _backward(q, k, v, out, dout, lse, softmax_scale, causal, backend, strict, deterministic)
 
 
 @bwd.register_fake
@@ -85,27 +114,21 @@ def _bwd_fake(q, k, v, out, dout, lse, softmax_scale, causal, backend, strict, d
 def _setup_context(ctx, inputs, output):
     q, k, v, softmax_scale, causal, backend, strict, deterministic = inputs
     out, lse = output
-    # out and lse are all backward needs: P is recomputed, never stored.
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.options = (softmax_scale, causal, backend, strict, deterministic)
-    # The library's backward has no gradient input for lse; a loss that uses lse must not silently get a
-    # wrong gradient, so lse is a constant for autograd.
     ctx.mark_non_differentiable(lse)
 
 
-def _backward(ctx, dout, _dlse):
+def _op_backward(ctx, dout, _dlse):
     q, k, v, out, lse = ctx.saved_tensors
-    # Gradients of reductions arrive as expanded (stride 0) tensors; the kernel needs a unit-stride last dim.
-    if dout.stride(-1) != 1:
-        dout = dout.contiguous()
-    dq, dk, dv = bwd(q, k, v, out, dout, lse, *ctx.options)
+    dq, dk, dv = bwd(q, k, v, out, _unit_stride(dout), lse, *ctx.options)
     return dq, dk, dv, None, None, None, None, None
 
 
-fwd.register_autograd(_backward, setup_context=_setup_context)
+fwd.register_autograd(_op_backward, setup_context=_setup_context)
 
 
-# --- entry points used by the public functions ---------------------------------------------------------
+# --- entry points used by the public functions -----------------------------------------------------------------
 
 Q, K, V = "[B, Sq, Hq, D]", "[B, Sk, Hkv, D]", "[B, Sk, Hkv, Dv]"
 OUT, LSE = "[B, Sq, Hq, Dv]", "[B, Hq, Sq]"
@@ -121,24 +144,29 @@ def check(args) -> None:
             check_float(name, x)
 
 
-def forward(q, k, v, *, softmax_scale, causal, backend, strict, deterministic):
-    check((("q", q, Q), ("k", k, K), ("v", v, V)))
-    return fwd(q, k, v, softmax_scale, causal, backend, strict, deterministic)
+def forward(q, k, v, softmax_scale, causal, backend, strict, deterministic):
+    if not (isinstance(k, Tensor) and isinstance(v, Tensor) and q.dim() == 4 and k.dim() == 4 and v.dim() == 4):
+        check((("q", q, Q), ("k", k, K), ("v", v, V)))  # raises the error that names the argument
+    if torch.compiler.is_compiling():
+        return fwd(q, k, v, softmax_scale, causal, backend, strict, deterministic)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _Attention.apply(q, k, v, softmax_scale, causal, backend, strict, deterministic)
+    return _forward(q, k, v, softmax_scale, causal, backend, strict)
 
 
-def backward(q, k, v, out, dout, lse, *, softmax_scale, causal, backend, strict, deterministic):
+def backward(q, k, v, out, dout, lse, softmax_scale, causal, backend, strict, deterministic):
     check((("q", q, Q), ("k", k, K), ("v", v, V), ("out", out, OUT), ("dout", dout, OUT), ("lse", lse, LSE)))
     # A direct call, not part of a graph being differentiated.
     with torch.no_grad():
-        return bwd(q, k, v, out, dout, lse, softmax_scale, causal, backend, strict, deterministic)
+        return _backward(q, k, v, out, dout, lse, softmax_scale, causal, backend, strict, deterministic)
 
 
 def explain(q, k, v, *, softmax_scale, causal, backend, strict, deterministic, backward):
     check((("q", q, Q), ("k", k, K), ("v", v, V)))
     q, k, v = q.detach(), k.detach(), v.detach()
-    out_shape, lse_shape = _fwd_shapes(q, v)
-    out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+    b, sq, hq, _ = q.shape
+    out = torch.empty((b, sq, hq, v.shape[3]), dtype=q.dtype, device=q.device)
+    lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
     if not backward:
         return _core.forward(q, k, v, out, lse, softmax_scale=softmax_scale, causal=causal, backend=backend,
                              strict=strict, explain=True)

@@ -6,6 +6,8 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <cstdint>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -18,6 +20,22 @@ using namespace nb::literals;
 
 namespace flashtile::python {
 namespace {
+
+// The report of the most recent call from any thread. The C++ library keeps one per thread, but torch runs the
+// backward on its own threads (one per CUDA device), where a per-thread report would be invisible to the caller.
+// Kept here rather than handed to Python on every call: building the Python object cost more than the lock.
+std::mutex g_last_mutex;
+std::optional<DispatchReport> g_last;
+
+void record(DispatchReport&& r) {
+  const std::lock_guard<std::mutex> lock(g_last_mutex);
+  g_last = std::move(r);
+}
+
+std::optional<DispatchReport> last_report() {
+  const std::lock_guard<std::mutex> lock(g_last_mutex);
+  return g_last;
+}
 
 Options make_options(std::optional<double> softmax_scale, bool causal, const std::string& backend, bool strict,
                      bool deterministic, int num_threads) {
@@ -42,7 +60,9 @@ DispatchReport forward(nb::handle q, nb::handle k, nb::handle v, nb::handle out,
   if (explain) return explain_forward(tq, tk, tv, to, tl, o);
   // The views stay valid without the GIL: `in` holds a reference to every tensor.
   nb::gil_scoped_release unlocked;
-  return flashtile::forward(tq, tk, tv, to, tl, o);
+  DispatchReport r = flashtile::forward(tq, tk, tv, to, tl, o);
+  record(DispatchReport(r));
+  return r;
 }
 
 DispatchReport backward(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle dout, nb::handle lse,
@@ -58,7 +78,49 @@ DispatchReport backward(nb::handle q, nb::handle k, nb::handle v, nb::handle out
   const Options o = make_options(softmax_scale, causal, backend, strict, deterministic, num_threads);
   if (explain) return explain_backward(tq, tk, tv, to, tdo, tl, tdq, tdk, tdv, o);
   nb::gil_scoped_release unlocked;
-  return flashtile::backward(tq, tk, tv, to, tdo, tl, tdq, tdk, tdv, o);
+  DispatchReport r = flashtile::backward(tq, tk, tv, to, tdo, tl, tdq, tdk, tdv, o);
+  record(DispatchReport(r));
+  return r;
+}
+
+// The torch path's calls: positional arguments, tensors read through torch_view, the caller's CUDA stream
+// (torch's current stream of the tensors' device, 0 for CPU tensors), and nothing returned: the report is
+// kept for last_dispatch(). Everything here runs on every call of flash_attn_func, so it stays lean.
+void forward_torch(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse,
+                   std::optional<double> softmax_scale, bool causal, const std::string& backend, bool strict,
+                   std::uintptr_t stream) {
+  const TensorView tq = torch_view(q, "q"), tk = torch_view(k, "k"), tv = torch_view(v, "v"),
+                   to = torch_view(out, "out"), tl = torch_view(lse, "lse");
+  Options o = make_options(softmax_scale, causal, backend, strict, false, 0);
+  o.cuda_stream = reinterpret_cast<void*>(stream);
+  nb::gil_scoped_release unlocked;
+  record(flashtile::forward(tq, tk, tv, to, tl, o));
+}
+
+// `workspace(nbytes)` is called (with the GIL) when the chosen backend needs scratch memory; it returns a
+// tensor of at least nbytes on the tensors' device (torch.empty), so the memory comes from torch's caching
+// allocator, and from the graph's pool while a CUDA graph is being captured.
+void backward_torch(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle dout, nb::handle lse,
+                    nb::handle dq, nb::handle dk, nb::handle dv, std::optional<double> softmax_scale, bool causal,
+                    const std::string& backend, bool strict, bool deterministic, std::uintptr_t stream,
+                    nb::handle workspace) {
+  const TensorView tq = torch_view(q, "q"), tk = torch_view(k, "k"), tv = torch_view(v, "v"),
+                   to = torch_view(out, "out"), tdo = torch_view(dout, "dout"), tl = torch_view(lse, "lse"),
+                   tdq = torch_view(dq, "dq"), tdk = torch_view(dk, "dk"), tdv = torch_view(dv, "dv");
+  Options o = make_options(softmax_scale, causal, backend, strict, deterministic, 0);
+  o.cuda_stream = reinterpret_cast<void*>(stream);
+  nb::object ws;  // keeps the workspace tensor alive until the kernels are enqueued
+  if (tq.device == Device::cuda) {
+    const std::size_t bytes = backward_workspace_bytes(tq, tk, tv, to, tdo, tl, tdq, tdk, tdv, o);
+    if (bytes > 0) {
+      ws = workspace(bytes);
+      const TensorView tw = torch_view(ws, "workspace");
+      o.workspace = tw.data;
+      o.workspace_bytes = bytes;
+    }
+  }
+  nb::gil_scoped_release unlocked;
+  record(flashtile::backward(tq, tk, tv, to, tdo, tl, tdq, tdk, tdv, o));
 }
 
 nb::dict kernel_dict(const KernelInfo& k) {
@@ -136,5 +198,8 @@ NB_MODULE(_core, m) {
         nb::kw_only(), "softmax_scale"_a = nb::none(), "causal"_a = false, "backend"_a = "auto", "strict"_a = false,
         "deterministic"_a = false, "num_threads"_a = 0, "bf16_bits"_a = false, "explain"_a = false,
         "Runs (or, with explain=True, only plans) the backward pass into the caller's dq, dk and dv.");
+  m.def("forward_torch", &forward_torch, "Forward on torch tensors (the torch path's hot call).");
+  m.def("backward_torch", &backward_torch, "Backward on torch tensors (the torch path's hot call).");
+  m.def("last_report", &last_report, "The report of the most recent call made through this module (any thread).");
   m.def("backend_names", &flashtile::backend_names, "Backends compiled into this build, in auto priority order.");
 }

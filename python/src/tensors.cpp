@@ -1,5 +1,7 @@
 #include "tensors.h"
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <sstream>
 #include <string>
@@ -60,35 +62,40 @@ void set_device(TensorView& v, int type, int id, const char* name) {
   }
 }
 
+// Producers describe tensors with no elements with arbitrary strides (numpy exports all zeros), which the
+// library would reject as a non-contiguous last dim. Any strides address the same empty set.
+void contiguous_strides_if_empty(TensorView& v) {
+  bool empty = false;
+  for (int i = 0; i < v.rank; ++i) empty = empty || v.shape[static_cast<std::size_t>(i)] == 0;
+  if (!empty) return;
+  std::int64_t s = 1;
+  for (auto i = static_cast<std::size_t>(v.rank); i-- > 0;) {
+    v.stride[i] = s;
+    s *= v.shape[i] > 0 ? v.shape[i] : 1;
+  }
+}
+
+[[noreturn]] void too_many_dims(const char* name, std::size_t rank, const std::int64_t* shape) {
+  std::ostringstream s;
+  s << name << ": expected at most 4 dimensions, got " << rank << " (shape [";
+  for (std::size_t i = 0; i < rank; ++i) s << (i ? ", " : "") << shape[i];
+  s << "])";
+  throw InvalidArgument(s.str());
+}
+
 template <class Array>
 TensorView make(const Array& a, const char* name, bool bf16_bits) {
   TensorView v;
   const auto rank = a.ndim();
-  if (rank > v.shape.size()) {
-    std::ostringstream s;
-    s << name << ": expected at most " << v.shape.size() << " dimensions, got " << rank << " (shape [";
-    for (std::size_t i = 0; i < rank; ++i) s << (i ? ", " : "") << a.shape(i);
-    s << "])";
-    throw InvalidArgument(s.str());
-  }
+  if (rank > v.shape.size()) too_many_dims(name, rank, a.shape_ptr());
   v.dtype = to_dtype(a.dtype(), name, bf16_bits);
   set_device(v, a.device_type(), a.device_id(), name);
   v.rank = static_cast<int>(rank);
-  bool empty = false;
   for (std::size_t i = 0; i < rank; ++i) {
     v.shape[i] = a.shape_ptr()[i];
     v.stride[i] = a.stride(i);
-    empty = empty || v.shape[i] == 0;
   }
-  // Producers describe tensors with no elements with arbitrary strides (numpy exports all zeros), which
-  // the library would reject as a non-contiguous last dim. Any strides address the same empty set.
-  if (empty) {
-    std::int64_t s = 1;
-    for (std::size_t i = rank; i-- > 0;) {
-      v.stride[i] = s;
-      s *= v.shape[i] > 0 ? v.shape[i] : 1;
-    }
-  }
+  contiguous_strides_if_empty(v);
   v.data = static_cast<char*>(a.data_handle()) + a.byte_offset();
   return v;
 }
@@ -100,7 +107,72 @@ TensorView make(const Array& a, const char* name, bool bf16_bits) {
   throw nb::type_error((why + "; pass a numpy array or a torch tensor (detached) with a supported dtype").c_str());
 }
 
+// torch's objects and attribute names, looked up once. Never freed: they must not be released after the
+// interpreter has gone.
+struct Torch {
+  nb::object tensor_type, float32, float16, bfloat16;
+  nb::str data_ptr{"data_ptr"}, shape{"shape"}, stride{"stride"}, dtype{"dtype"}, is_cuda{"is_cuda"},
+      is_cpu{"is_cpu"}, get_device{"get_device"}, device{"device"};
+};
+
+const Torch& torch() {
+  static const Torch* t = [] {
+    auto* r = new Torch;
+    nb::module_ m = nb::module_::import_("torch");
+    r->tensor_type = m.attr("Tensor");
+    r->float32 = m.attr("float32");
+    r->float16 = m.attr("float16");
+    r->bfloat16 = m.attr("bfloat16");
+    return r;
+  }();
+  return *t;
+}
+
+std::int64_t to_i64(PyObject* o) {
+  const long long x = PyLong_AsLongLong(o);
+  if (x == -1 && PyErr_Occurred()) throw nb::python_error();
+  return static_cast<std::int64_t>(x);
+}
+
 }  // namespace
+
+TensorView torch_view(nb::handle t, const char* name) {
+  const Torch& T = torch();
+  if (!nb::isinstance(t, T.tensor_type))
+    throw nb::type_error((std::string(name) + ": expected a torch.Tensor like q, got " +
+                          nb::type_name(t.type()).c_str()).c_str());
+  TensorView v;
+  const nb::object dtype = t.attr(T.dtype);
+  if (dtype.is(T.float32)) v.dtype = DType::float32;
+  else if (dtype.is(T.bfloat16)) v.dtype = DType::bfloat16;
+  else if (dtype.is(T.float16)) v.dtype = DType::float16;
+  else {
+    std::string d = nb::str(dtype).c_str();
+    if (d.rfind("torch.", 0) == 0) d = d.substr(6);
+    throw DTypeError(std::string(name) + ": unsupported dtype " + d + "; FlashTile takes float32, float16 or bfloat16");
+  }
+  if (nb::cast<bool>(t.attr(T.is_cuda))) {
+    v.device = Device::cuda;
+    v.device_index = nb::cast<int>(t.attr(T.get_device)());
+  } else if (!nb::cast<bool>(t.attr(T.is_cpu))) {
+    throw DeviceError(std::string(name) + ": device " + nb::str(t.attr(T.device)).c_str() +
+                      " is not supported; FlashTile reads CPU memory and CUDA devices");
+  }
+  const nb::object shape = t.attr(T.shape), stride = t.attr(T.stride)();
+  const auto rank = static_cast<std::size_t>(PyTuple_GET_SIZE(shape.ptr()));
+  std::array<std::int64_t, 8> dims{};
+  for (std::size_t i = 0; i < rank && i < dims.size(); ++i)
+    dims[i] = to_i64(PyTuple_GET_ITEM(shape.ptr(), static_cast<Py_ssize_t>(i)));
+  if (rank > v.shape.size()) too_many_dims(name, std::min(rank, dims.size()), dims.data());
+  v.rank = static_cast<int>(rank);
+  for (std::size_t i = 0; i < rank; ++i) {
+    v.shape[i] = dims[i];
+    v.stride[i] = to_i64(PyTuple_GET_ITEM(stride.ptr(), static_cast<Py_ssize_t>(i)));
+  }
+  contiguous_strides_if_empty(v);
+  v.data = reinterpret_cast<void*>(static_cast<std::uintptr_t>(to_i64(t.attr(T.data_ptr)().ptr())));
+  return v;
+}
 
 TensorView Imports::input(nb::handle obj, const char* name, bool bf16_bits) {
   nb::ndarray<nb::ro> a;

@@ -25,4 +25,10 @@ class Imports {
   std::vector<nanobind::ndarray<>> outputs_;
 };
 
+// A torch.Tensor read through its own attributes (data_ptr, shape, stride, dtype, device) instead of DLPack:
+// on the H200 host, importing the five tensors of a forward through torch's __dlpack__ cost 18 us, about four
+// times a tiny call's GPU time (bench/gpu_overhead.py, bench/results/overhead.md). The caller keeps `t` alive
+// for the call (it is an argument of the Python frame that called the binding). `name` is used in errors.
+TensorView torch_view(nanobind::handle t, const char* name);
+
 }  // namespace flashtile::python

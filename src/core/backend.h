@@ -1,6 +1,7 @@
 // The interface every backend implements, and the registry that orders them for "auto".
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,6 +23,8 @@ class Backend {
   virtual Reasons can_run(const AttnParams& p) const = 0;
   // Describes the kernel that run() would launch for p (same tile sizes, ISA, threads).
   virtual KernelInfo plan(const AttnParams& p) const = 0;
+  // Scratch bytes run(p) needs for a backward (Options::workspace); 0 when it needs none.
+  virtual std::size_t workspace_bytes(const AttnParams& /*p*/) const { return 0; }
   // Runs forward (p.is_backward() false) or backward. Only called when can_run(p) is empty.
   virtual void run(const AttnParams& p) const = 0;
 };

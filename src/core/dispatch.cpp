@@ -156,6 +156,15 @@ DispatchReport backward(const TensorView& q, const TensorView& k, const TensorVi
   return detail::run(p, options, "backward", true);
 }
 
+std::size_t backward_workspace_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
+                                     const TensorView& out, const TensorView& dout, const TensorView& lse,
+                                     const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                                     const Options& options) {
+  const auto p = detail::validate_backward(q, k, v, out, dout, lse, dq, dk, dv, options);
+  DispatchReport report;
+  return p.empty() ? 0 : detail::choose(p, options, report, "backward")->workspace_bytes(p);
+}
+
 DispatchReport explain_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                                const TensorView& out, const TensorView& lse, const Options& options) {
   const auto p = detail::validate_forward(q, k, v, out, lse, options);

@@ -2,6 +2,7 @@
 // Pointers, int64 element strides and shapes; no framework types. Filled by validate.cpp only.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "flashtile/options.h"
@@ -42,6 +43,9 @@ struct AttnParams {
 
   // CUDA stream (cudaStream_t) to launch on; null = the legacy default stream.
   void* cuda_stream = nullptr;
+  // Caller-provided backward scratch (Options::workspace); null = the backend's own pool.
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
 
   float softmax_scale = 1.0f;
   bool causal = false;

@@ -211,6 +211,12 @@ Checked check_inputs(const TensorView& q, const TensorView& k, const TensorView&
   p.deterministic = o.deterministic;
   p.num_threads = o.num_threads;
   p.cuda_stream = o.cuda_stream;
+  if (o.workspace_bytes > 0 && o.workspace == nullptr)
+    fail<InvalidArgument>("workspace: null pointer with workspace_bytes = ", o.workspace_bytes);
+  if (reinterpret_cast<std::uintptr_t>(o.workspace) % 256 != 0)
+    fail<InvalidArgument>("workspace: ", o.workspace, " is not 256-byte aligned");
+  p.workspace = o.workspace_bytes > 0 ? o.workspace : nullptr;
+  p.workspace_bytes = p.workspace != nullptr ? o.workspace_bytes : 0;
   return c;
 }
 

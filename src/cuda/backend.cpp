@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -118,14 +119,28 @@ struct Operand {
   const Strides* stride;  // null for lse (read/written one float at a time)
 };
 
-std::vector<Operand> operands(const AttnParams& p) {
-  std::vector<Operand> v = {{"q", p.q, &p.q_stride}, {"k", p.k, &p.k_stride}, {"v", p.v, &p.v_stride},
-                            {"out", p.out, &p.out_stride}, {"lse", p.lse, nullptr}};
+// The call's device pointers, in a fixed array: can_run() walks them on every call, so no heap allocation.
+struct Operands {
+  std::array<Operand, 10> list{};
+  std::size_t count = 0;
+  const Operand* begin() const { return list.data(); }
+  const Operand* end() const { return list.data() + count; }
+};
+
+Operands operands(const AttnParams& p) {
+  Operands v;
+  auto add = [&v](const char* name, const void* ptr, const Strides* stride) { v.list[v.count++] = {name, ptr, stride}; };
+  add("q", p.q, &p.q_stride);
+  add("k", p.k, &p.k_stride);
+  add("v", p.v, &p.v_stride);
+  add("out", p.out, &p.out_stride);
+  add("lse", p.lse, nullptr);
   if (p.is_backward()) {
-    v.push_back({"dout", p.dout, &p.dout_stride});
-    v.push_back({"dq", p.dq, &p.dq_stride});
-    v.push_back({"dk", p.dk, &p.dk_stride});
-    v.push_back({"dv", p.dv, &p.dv_stride});
+    add("dout", p.dout, &p.dout_stride);
+    add("dq", p.dq, &p.dq_stride);
+    add("dk", p.dk, &p.dk_stride);
+    add("dv", p.dv, &p.dv_stride);
+    add("workspace", p.workspace, nullptr);
   }
   return v;
 }
@@ -274,10 +289,10 @@ class CudaSm80 final : public Backend {
       check(cuda::launch_fwd(e, bucket, p.causal, f, stream), "forward kernel launch");
       return;
     }
+    const BwdPlan plan = plan_bwd(p);
     cuda::BwdParams b;
     fill(p, b);
-    b.large_smem = large_bwd(p, bucket);
-    const sm80::BwdTile t = sm80::bwd_tile(bucket, b.large_smem);
+    b.large_smem = plan.large_smem;
     b.dout = p.dout;
     b.dq = p.dq;
     b.dk = p.dk;
@@ -286,29 +301,56 @@ class CudaSm80 final : public Backend {
     b.dq_stride = bshd(p.dq_stride);
     b.dk_stride = bshd(p.dk_stride);
     b.dv_stride = bshd(p.dv_stride);
-    b.seqlen_q_pad = static_cast<int>((p.seqlen_q + t.block_m - 1) / t.block_m * t.block_m);
+    b.seqlen_q_pad = plan.seqlen_q_pad;
     b.hdim_pad = bucket;
     b.deterministic = p.deterministic;
-    // Workspace: dq_accum [B, Hq, Sq_pad, bucket] fp32, dsum and lse_log2 [B, Hq, Sq_pad], counters.
-    const std::size_t rows = static_cast<std::size_t>(p.batch * p.heads_q) * static_cast<std::size_t>(b.seqlen_q_pad);
-    auto round = [](std::size_t x) { return (x + 255) / 256 * 256; };
-    const std::size_t bytes_dq = round(rows * static_cast<std::size_t>(bucket) * 4), bytes_row = round(rows * 4);
-    const std::size_t bytes_sem = p.deterministic ? round(rows / static_cast<std::size_t>(t.block_m) * 4) : 0;
-    void* ws = nullptr;
-    check(cudaMallocFromPoolAsync(&ws, bytes_dq + 2 * bytes_row + bytes_sem, workspace_pool(p.device_index), stream),
-          "cudaMallocFromPoolAsync (backward workspace)");
+    // The caller's workspace (Options::workspace: nothing is allocated, so the call can be captured in a CUDA
+    // graph with memory the caller owns), else the per-device pool.
+    const bool own = p.workspace == nullptr;
+    if (!own && p.workspace_bytes < plan.bytes)
+      throw InvalidArgument("workspace: " + std::to_string(p.workspace_bytes) + " bytes given, " + kName +
+                            "'s backward needs " + std::to_string(plan.bytes) + " (backward_workspace_bytes)");
+    void* ws = p.workspace;
+    if (own)
+      check(cudaMallocFromPoolAsync(&ws, plan.bytes, workspace_pool(p.device_index), stream),
+            "cudaMallocFromPoolAsync (backward workspace)");
     char* base = static_cast<char*>(ws);
     b.dq_accum = reinterpret_cast<float*>(base);
-    b.dsum = reinterpret_cast<float*>(base + bytes_dq);
-    b.lse_log2 = reinterpret_cast<float*>(base + bytes_dq + bytes_row);
-    b.dq_semaphore = p.deterministic ? reinterpret_cast<int*>(base + bytes_dq + 2 * bytes_row) : nullptr;
+    b.dsum = reinterpret_cast<float*>(base + plan.bytes_dq);
+    b.lse_log2 = reinterpret_cast<float*>(base + plan.bytes_dq + plan.bytes_row);
+    b.dq_semaphore = p.deterministic ? reinterpret_cast<int*>(base + plan.bytes_dq + 2 * plan.bytes_row) : nullptr;
     const cudaError_t err = cuda::launch_bwd(e, bucket, p.causal, b, stream);
-    const cudaError_t free_err = cudaFreeAsync(ws, stream);
+    const cudaError_t free_err = own ? cudaFreeAsync(ws, stream) : cudaSuccess;
     check(err, "backward kernel launch");
     check(free_err, "cudaFreeAsync (backward workspace)");
   }
 
+  std::size_t workspace_bytes(const AttnParams& p) const override {
+    return p.is_backward() ? plan_bwd(p).bytes : 0;
+  }
+
  private:
+  // The backward's workspace: dq_accum [B, Hq, Sq_pad, bucket] fp32, dsum and lse_log2 [B, Hq, Sq_pad], and with
+  // deterministic one counter per query block; each part 256-byte aligned.
+  struct BwdPlan {
+    bool large_smem = false;
+    int seqlen_q_pad = 0;
+    std::size_t bytes_dq = 0, bytes_row = 0, bytes = 0;
+  };
+  BwdPlan plan_bwd(const AttnParams& p) const {
+    const int bucket = bucket_of(p);
+    BwdPlan w;
+    w.large_smem = large_bwd(p, bucket);
+    const sm80::BwdTile t = sm80::bwd_tile(bucket, w.large_smem);
+    w.seqlen_q_pad = static_cast<int>((p.seqlen_q + t.block_m - 1) / t.block_m * t.block_m);
+    const std::size_t rows = static_cast<std::size_t>(p.batch * p.heads_q) * static_cast<std::size_t>(w.seqlen_q_pad);
+    auto round = [](std::size_t x) { return (x + 255) / 256 * 256; };
+    w.bytes_dq = round(rows * static_cast<std::size_t>(bucket) * 4);
+    w.bytes_row = round(rows * 4);
+    const std::size_t bytes_sem = p.deterministic ? round(rows / static_cast<std::size_t>(t.block_m) * 4) : 0;
+    w.bytes = w.bytes_dq + 2 * w.bytes_row + bytes_sem;
+    return w;
+  }
   // The backward's large-shared-memory tile applies when the device can give a block that much.
   bool large_bwd(const AttnParams& p, int bucket) const {
     if (!sm80::has_large_bwd_tile(bucket)) return false;

@@ -57,7 +57,9 @@ struct OnlineSoftmax {
     CUTE_UNROLL
     for (int mi = 0; mi < kRows; ++mi) {
       const float l = quad_sum(row_sum[mi]);
-      const bool empty = l == 0.f || l != l;
+      // l = 0: no visible key, or every visible score -inf (O = 0, LSE = -inf). l = NaN: a NaN or +inf score; the
+      // NaN reaches O and LSE (docs/semantics.md).
+      const bool empty = l == 0.f;
       const float inv = empty ? 0.f : 1.f / l;
       lse[mi] = empty ? -INFINITY : row_max[mi] * scale + logf(l);
       CUTE_UNROLL
