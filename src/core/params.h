@@ -59,8 +59,9 @@ struct AttnParams {
     return batch == 0 || heads_q == 0 || (seqlen_q == 0 && (!backward || seqlen_k == 0));
   }
 
-  // Visible keys of query row i are [key_begin(i), key_end(i)); empty when begin >= end. Every kernel
-  // asks these two functions, so a sliding window only has to change them.
+  // Visible keys of query row i are [key_begin(i), key_end(i)); empty when begin >= end. The CPU kernels and
+  // the reference ask these two; the CUDA kernels have their own mask policy (cuda/common/mask.h), which a
+  // sliding window has to change too until one policy serves both (issue 12).
   std::int64_t key_begin(std::int64_t /*i*/) const noexcept { return 0; }
   // Bottom-right aligned causal: query i sees keys j <= i + Sk - Sq.
   std::int64_t key_end(std::int64_t i) const noexcept {

@@ -38,11 +38,6 @@ CUTE_HOST_DEVICE constexpr auto acc_as_a(L const& l) {
   return make_layout(make_layout(get<0>(d), get<2, 0>(d)), get<1>(d), get<2, 1>(d));
 }
 
-template <class Tensor>
-CUTE_DEVICE auto rowcol_view(Tensor&& t) {
-  return make_tensor(t.data(), acc_rowcol(t.layout()));
-}
-
 // fp32 register tensor -> a register tensor of To with the same layout (paired conversions).
 template <class To, class Engine, class Layout>
 CUTE_DEVICE auto convert_to(Tensor<Engine, Layout> const& t) {

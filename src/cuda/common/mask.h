@@ -10,12 +10,10 @@ namespace flashtile::cuda {
 
 struct NoMask {
   static constexpr bool kCausal = false;
-  static constexpr const char* kName = "nomask";
 };
 
 struct CausalMask {
   static constexpr bool kCausal = true;
-  static constexpr const char* kName = "causal";
 };
 
 template <class Mask>

@@ -18,8 +18,9 @@ namespace flashtile::cuda::sm80 {
 template <class Element, int kHeadDim, class Mask>
 cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream);
 
-// p.dq_accum, p.dsum, p.lse_log2 (and p.dq_semaphore when deterministic) must point at workspace of
-// bwd_workspace_bytes(); run_bwd clears what needs clearing.
+// p.dq_accum, p.dsum, p.lse_log2 (and p.dq_semaphore when deterministic) must point into the workspace that
+// backend.cpp's plan_bwd() sizes (CudaSm80::workspace_bytes, public as backward_workspace_bytes()); run_bwd
+// clears what needs clearing.
 template <class Element, int kHeadDim, class Mask>
 cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream);
 
