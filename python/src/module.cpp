@@ -113,9 +113,8 @@ void backward_torch(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb
   if (tq.device == Device::cuda) {
     const std::size_t bytes = backward_workspace_bytes(tq, tk, tv, to, tdo, tl, tdq, tdk, tdv, o);
     if (bytes > 0) {
-      ws = workspace(bytes);
-      const TensorView tw = torch_view(ws, "workspace");
-      o.workspace = tw.data;
+      ws = workspace(bytes);  // a uint8 tensor: only its address is needed
+      o.workspace = reinterpret_cast<void*>(nb::cast<std::uintptr_t>(ws.attr("data_ptr")()));
       o.workspace_bytes = bytes;
     }
   }
