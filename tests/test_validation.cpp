@@ -99,6 +99,14 @@ std::vector<BadCase> bad_cases() {
       {"nan scale", [](Views& v) { v.o.softmax_scale = std::nanf(""); }, Kind::invalid, {"softmax_scale"}},
       {"threads", [](Views& v) { v.o.num_threads = -2; }, Kind::invalid, {"num_threads", "-2"}},
       {"unknown backend", [](Views& v) { v.o.backend = "tpu"; }, Kind::invalid, {"tpu", "cpu-flash"}},
+      {"workspace bytes without memory", [](Views& v) { v.o.workspace_bytes = 4096; }, Kind::invalid,
+       {"workspace", "4096"}},
+      {"misaligned workspace",
+       [](Views& v) {
+         v.o.workspace = static_cast<char*>(v.dq.data) + 4;
+         v.o.workspace_bytes = 64;
+       },
+       Kind::invalid, {"workspace", "256-byte"}},
       {"all on cuda, no cuda backend can run",
        [](Views& v) {
          for (TensorView* t : {&v.q, &v.k, &v.v, &v.out, &v.lse, &v.dout, &v.dq, &v.dk, &v.dv})
@@ -107,6 +115,24 @@ std::vector<BadCase> bad_cases() {
        Kind::unsupported,
        {"cpu-flash", "device:"}},
   };
+}
+
+// CPU backends need no scratch memory; the query validates like the call itself.
+TEST(Validation, BackwardWorkspaceBytes) {
+  auto rng = test_rng();
+  Case c;
+  c.sq = 5;
+  c.sk = 9;
+  c.d = c.dv = 16;
+  Problem p(c, rng);
+  const auto bytes = [&](const TensorView& q) {
+    return flashtile::backward_workspace_bytes(q, p.k.view(), p.v.view(), p.out.view(), p.dout.view(), p.lse.view(),
+                                               p.dq.view(), p.dk.view(), p.dv.view(), p.options());
+  };
+  EXPECT_EQ(bytes(p.q.view()), 0u);
+  TensorView bad = p.q.view();
+  bad.rank = 3;
+  EXPECT_THROW(bytes(bad), InvalidArgument);
 }
 
 TEST(Validation, EveryBadInputIsATypedErrorNamingTheArgument) {

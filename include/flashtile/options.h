@@ -32,6 +32,15 @@ struct Options {
   // tensor). Null: CUDA backends take it from a per-device pool that keeps its memory between calls.
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
+  // Backward only, when `workspace` is null: called once with the bytes the chosen backend needs, returns that
+  // much memory (same device and alignment rules as `workspace`), valid until the call's work on the stream is
+  // done. Lets a framework hand out memory from its own allocator in the same call, without first asking
+  // backward_workspace_bytes() (which validates and dispatches a second time).
+  void* (*workspace_alloc)(std::size_t bytes, void* context) = nullptr;
+  void* workspace_alloc_context = nullptr;
+  // The caller guarantees that every tensor's data pointer is memory of the device its view declares (as a
+  // framework's tensors are). CUDA backends then skip their per-operand cudaPointerGetAttributes query.
+  bool device_pointers_checked = false;
 };
 
 }  // namespace flashtile

@@ -54,7 +54,7 @@ def _backward(q, k, v, out, dout, lse, softmax_scale, causal, backend, strict, d
     dk = alloc(k.shape, dtype=q.dtype, device=q.device)
     dv = alloc(v.shape, dtype=q.dtype, device=q.device)
     _core.backward_torch(q, k, v, out, dout, lse, dq, dk, dv, softmax_scale, causal, backend, strict, deterministic,
-                         _stream(q), lambda n: _workspace(n, q))
+                         _stream(q), lambda n: _workspace(n, q))  # called only when the backend needs scratch memory
     return dq, dk, dv
 
 
@@ -75,10 +75,14 @@ class _Attention(torch.autograd.Function):
         # The library's backward has no gradient input for lse; a loss that uses lse must not silently get a
         # wrong gradient, so lse is a constant for autograd.
         ctx.mark_non_differentiable(lse)
+        # lse never has a gradient: without this, autograd would fill a zero tensor for it on every backward.
+        ctx.set_materialize_grads(False)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
+        if dout is None:  # out did not reach the loss
+            return None, None, None, None, None, None, None, None
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = _backward(q, k, v, out, _unit_stride(dout), lse, *ctx.options)
         return dq, dk, dv, None, None, None, None, None

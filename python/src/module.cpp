@@ -93,13 +93,27 @@ void forward_torch(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb:
                    to = torch_view(out, "out"), tl = torch_view(lse, "lse");
   Options o = make_options(softmax_scale, causal, backend, strict, false, 0);
   o.cuda_stream = reinterpret_cast<void*>(stream);
+  o.device_pointers_checked = true;  // torch tensors: data_ptr is memory of the device they report
   nb::gil_scoped_release unlocked;
   record(flashtile::forward(tq, tk, tv, to, tl, o));
 }
 
-// `workspace(nbytes)` is called (with the GIL) when the chosen backend needs scratch memory; it returns a
-// tensor of at least nbytes on the tensors' device (torch.empty), so the memory comes from torch's caching
-// allocator, and from the graph's pool while a CUDA graph is being captured.
+// The backward's scratch memory from torch: Options::workspace_alloc calls `make(nbytes)` (with the GIL), which
+// returns a torch tensor of that many bytes on the tensors' device (torch.empty), so the memory comes from torch's
+// caching allocator, and from the graph's private pool while a CUDA graph is being captured. The tensor is kept
+// until the call returns; torch's allocator orders its reuse after the work queued on the stream.
+struct TorchWorkspace {
+  nb::handle make;
+  nb::object tensor;
+};
+
+void* torch_workspace(std::size_t bytes, void* context) {
+  auto* w = static_cast<TorchWorkspace*>(context);
+  nb::gil_scoped_acquire gil;
+  w->tensor = w->make(bytes);
+  return reinterpret_cast<void*>(nb::cast<std::uintptr_t>(w->tensor.attr("data_ptr")()));
+}
+
 void backward_torch(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle dout, nb::handle lse,
                     nb::handle dq, nb::handle dk, nb::handle dv, std::optional<double> softmax_scale, bool causal,
                     const std::string& backend, bool strict, bool deterministic, std::uintptr_t stream,
@@ -109,15 +123,10 @@ void backward_torch(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb
                    tdq = torch_view(dq, "dq"), tdk = torch_view(dk, "dk"), tdv = torch_view(dv, "dv");
   Options o = make_options(softmax_scale, causal, backend, strict, deterministic, 0);
   o.cuda_stream = reinterpret_cast<void*>(stream);
-  nb::object ws;  // keeps the workspace tensor alive until the kernels are enqueued
-  if (tq.device == Device::cuda) {
-    const std::size_t bytes = backward_workspace_bytes(tq, tk, tv, to, tdo, tl, tdq, tdk, tdv, o);
-    if (bytes > 0) {
-      ws = workspace(bytes);  // a uint8 tensor: only its address is needed
-      o.workspace = reinterpret_cast<void*>(nb::cast<std::uintptr_t>(ws.attr("data_ptr")()));
-      o.workspace_bytes = bytes;
-    }
-  }
+  o.device_pointers_checked = true;  // torch tensors: data_ptr is memory of the device they report
+  TorchWorkspace ws{workspace, {}};
+  o.workspace_alloc = &torch_workspace;
+  o.workspace_alloc_context = &ws;
   nb::gil_scoped_release unlocked;
   record(flashtile::backward(tq, tk, tv, to, tdo, tl, tdq, tdk, tdv, o));
 }

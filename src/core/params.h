@@ -46,6 +46,9 @@ struct AttnParams {
   // Caller-provided backward scratch (Options::workspace); null = the backend's own pool.
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
+  void* (*workspace_alloc)(std::size_t, void*) = nullptr;  // Options::workspace_alloc
+  void* workspace_alloc_context = nullptr;
+  bool device_pointers_checked = false;
 
   float softmax_scale = 1.0f;
   bool causal = false;

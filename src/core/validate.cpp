@@ -217,6 +217,9 @@ Checked check_inputs(const TensorView& q, const TensorView& k, const TensorView&
     fail<InvalidArgument>("workspace: ", o.workspace, " is not 256-byte aligned");
   p.workspace = o.workspace_bytes > 0 ? o.workspace : nullptr;
   p.workspace_bytes = p.workspace != nullptr ? o.workspace_bytes : 0;
+  p.workspace_alloc = o.workspace_alloc;
+  p.workspace_alloc_context = o.workspace_alloc_context;
+  p.device_pointers_checked = o.device_pointers_checked;
   return c;
 }
 

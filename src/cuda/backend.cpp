@@ -206,7 +206,7 @@ class CudaSm80 final : public Backend {
                     std::to_string(g.list.size()) + " devices)");
       return why;
     }
-    check_pointers(p, why);
+    if (!p.device_pointers_checked) check_pointers(p, why);
     const Gpu& gpu = g.list[static_cast<std::size_t>(p.device_index)];
     if (gpu.major < 8)
       why.push_back("compute capability " + std::to_string(gpu.major) + "." + std::to_string(gpu.minor) + " of " +
@@ -306,11 +306,17 @@ class CudaSm80 final : public Backend {
     b.deterministic = p.deterministic;
     // The caller's workspace (Options::workspace: nothing is allocated, so the call can be captured in a CUDA
     // graph with memory the caller owns), else the per-device pool.
-    const bool own = p.workspace == nullptr;
-    if (!own && p.workspace_bytes < plan.bytes)
+    void* ws = p.workspace;
+    if (ws != nullptr && p.workspace_bytes < plan.bytes)
       throw InvalidArgument("workspace: " + std::to_string(p.workspace_bytes) + " bytes given, " + kName +
                             "'s backward needs " + std::to_string(plan.bytes) + " (backward_workspace_bytes)");
-    void* ws = p.workspace;
+    if (ws == nullptr && p.workspace_alloc != nullptr) {
+      ws = p.workspace_alloc(plan.bytes, p.workspace_alloc_context);
+      if (ws == nullptr || reinterpret_cast<std::uintptr_t>(ws) % 256 != 0)
+        throw InvalidArgument("workspace_alloc: returned " + std::string(ws ? "memory not 256-byte aligned" : "null") +
+                              " for " + std::to_string(plan.bytes) + " bytes");
+    }
+    const bool own = ws == nullptr;
     if (own)
       check(cudaMallocFromPoolAsync(&ws, plan.bytes, workspace_pool(p.device_index), stream),
             "cudaMallocFromPoolAsync (backward workspace)");
