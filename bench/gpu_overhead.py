@@ -4,7 +4,7 @@
 A tiny call (B=1, S=128, 8 heads, D=64, bf16) runs in a few microseconds on the GPU, so a loop of such calls is
 bound by the host: the time per call is what a training loop of many small layers, or an uncaptured decode step,
 pays each time. Measured: wall time per call over a loop of --loop calls (synchronised before and after), median of
---repeats loops, after a warm-up; forward alone and forward + backward (out.backward(dout), the same for every
+--repeats rounds in which every library runs one loop (rotating order), after a warm-up; forward alone and forward + backward (out.backward(dout), the same for every
 library). Peers: torch SDPA with its default choice and with each backend forced (flash, efficient, cuDNN).
 
   --components   also times the pieces of FlashTile's call (allocation, the C++ call with outputs given, the
@@ -41,6 +41,35 @@ def per_call_us(fn, loop, repeats, warmup=50):
         torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) / loop * 1e6)
     return statistics.median(times)
+
+
+LIBS = ("flashtile", "torch_sdpa", "torch_flash", "torch_efficient", "torch_cudnn")
+
+
+def interleaved(fns, loop, repeats, warmup=50):
+    """Median us per call of each fn, measured in rounds that visit every fn once (in a rotating order), so that
+    drift of the host's speed during the run (seen at +-50 % between runs on the H200 host) hits every library alike.
+    A library whose call fails gets None and is reported."""
+    ok = {}
+    for name, fn in fns.items():
+        try:
+            for _ in range(warmup):
+                fn()
+            ok[name] = fn
+        except Exception as e:  # e.g. a torch backend that cannot run this shape
+            print(f"  {name}: {type(e).__name__}: {e}")
+    torch.cuda.synchronize()
+    times = {name: [] for name in ok}
+    names = list(ok)
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            fn = ok[name]
+            t0 = time.perf_counter()
+            for _ in range(loop):
+                fn()
+            torch.cuda.synchronize()
+            times[name].append((time.perf_counter() - t0) / loop * 1e6)
+    return {name: statistics.median(times[name]) if name in times else None for name in fns}
 
 
 def make_inputs(b, s, h, d, dtype):
@@ -190,18 +219,14 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False
     q, k, v, dout = make_inputs(a.batch, a.seqlen, a.heads, a.hdim, torch.bfloat16)
     shape = f"B={a.batch} S={a.seqlen} H={a.heads} D={a.hdim} bf16 causal={int(a.causal)}"
-    print(f"per-call wall time, {shape}, median of {a.repeats} loops of {a.loop} calls "
+    print(f"per-call wall time, {shape}, median of {a.repeats} interleaved rounds of {a.loop} calls each "
           f"({torch.cuda.get_device_name()}, torch {torch.__version__})")
-    rows = {}
-    for name, (fwd, fwd_bwd) in calls(q, k, v, dout, a.causal).items():
-        row = {}
-        for what, fn in (("fwd_us", fwd), ("fwd_bwd_us", fwd_bwd)):
-            try:
-                row[what] = per_call_us(fn, a.loop, a.repeats)
-            except Exception as e:
-                row[what] = None
-                print(f"  {name} {what}: {type(e).__name__}: {e}")
-        rows[name] = row
+    rows = {name: {} for name in LIBS}
+    fns = calls(q, k, v, dout, a.causal)
+    for what, idx in (("fwd_us", 0), ("fwd_bwd_us", 1)):
+        got = interleaved({name: fns[name][idx] for name in LIBS}, a.loop, a.repeats)
+        for name in LIBS:
+            rows[name][what] = got[name]
     ref = rows["torch_sdpa"]
     print(f"{'library':<16} {'fwd us':>8} {'/sdpa':>6} {'fwd+bwd us':>11} {'/sdpa':>6}")
     for name, row in rows.items():
