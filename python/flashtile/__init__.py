@@ -4,8 +4,9 @@
     out = flashtile.flash_attn_func(q, k, v, causal=True)      # q (B, Sq, Hq, D), numpy or torch
     print(flashtile.last_dispatch())                           # which kernel ran, and why not others
 
-Tensors cross into the C++ library through DLPack without copies. torch tensors go through the
-torch.library ops flashtile::fwd / flashtile::bwd (autograd, torch.compile); torch is optional.
+Tensors cross into the C++ library without copies (numpy through DLPack, torch tensors through their
+attributes). Eager torch calls use an autograd.Function; under torch.compile they become the custom ops
+flashtile::fwd / flashtile::bwd. torch is optional.
 """
 
 from ._core import (
