@@ -97,14 +97,18 @@ class DeviceGuard {
  public:
   explicit DeviceGuard(int index) {
     check(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (previous_ != index) check(cudaSetDevice(index), "cudaSetDevice");
+    switched_ = previous_ != index;
+    if (switched_) check(cudaSetDevice(index), "cudaSetDevice");
   }
-  ~DeviceGuard() { (void)cudaSetDevice(previous_); }
+  ~DeviceGuard() {
+    if (switched_) (void)cudaSetDevice(previous_);
+  }
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
 
  private:
   int previous_ = 0;
+  bool switched_ = false;
 };
 
 int bucket_of(const AttnParams& p) {
