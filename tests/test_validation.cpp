@@ -1,6 +1,7 @@
 // Every bad input gets a typed error whose message names the argument and the values it got.
 #include <gtest/gtest.h>
 
+#include <climits>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -99,6 +100,10 @@ std::vector<BadCase> bad_cases() {
       {"nan scale", [](Views& v) { v.o.softmax_scale = std::nanf(""); }, Kind::invalid, {"softmax_scale"}},
       {"threads", [](Views& v) { v.o.num_threads = -2; }, Kind::invalid, {"num_threads", "-2"}},
       {"unknown backend", [](Views& v) { v.o.backend = "tpu"; }, Kind::invalid, {"tpu", "cpu-flash"}},
+      {"misaligned q", [](Views& v) { v.q.data = static_cast<char*>(v.q.data) + 2; }, Kind::invalid,
+       {"q", "aligned", "4-byte"}},
+      {"q rank 5", [](Views& v) { v.q.rank = 5; }, Kind::invalid, {"q", "4 dimensions", "got 5"}},
+      {"lse rank -1", [](Views& v) { v.lse.rank = -1; }, Kind::invalid, {"lse", "3 dimensions", "got -1"}},
       {"workspace bytes without memory", [](Views& v) { v.o.workspace_bytes = 4096; }, Kind::invalid,
        {"workspace", "4096"}},
       {"misaligned workspace",
@@ -115,6 +120,40 @@ std::vector<BadCase> bad_cases() {
        Kind::unsupported,
        {"cpu-flash", "device:"}},
   };
+}
+
+// A stride of INT64_MAX on a dim of size 2 reaches exactly INT64_MAX as the largest offset: the end offset
+// (one past it) overflows and must be reported, not computed.
+TEST(Validation, LargestOffsetAtInt64MaxIsReported) {
+  float x[4] = {};
+  TensorView q = flashtile::make_view(x, DType::float32, {2, 1, 1, 1}, {INT64_MAX, 1, 1, 1});
+  TensorView out = flashtile::make_view(x + 2, DType::float32, {2, 1, 1, 1});
+  TensorView lse = flashtile::make_view(x, DType::float32, {2, 1, 1});
+  try {
+    flashtile::forward(q, q, q, out, lse);
+    ADD_FAILURE() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("overflows"), std::string::npos) << e.what();
+  }
+}
+
+// Hq = 0 query heads against Hkv = 2: no output rows, but dK and dV exist and are zero.
+TEST(Validation, BackwardWithoutQueryHeadsWritesZeroKeyGradients) {
+  auto rng = test_rng();
+  Case c;
+  c.b = 2;
+  c.sq = 3;
+  c.sk = 5;
+  c.hq = 0;
+  c.hkv = 2;
+  c.d = c.dv = 8;
+  Problem p(c, rng);
+  p.dk.fill(7.0);
+  p.dv.fill(7.0);
+  flashtile::backward(p.q.view(), p.k.view(), p.v.view(), p.out.view(), p.dout.view(), p.lse.view(), p.dq.view(),
+                      p.dk.view(), p.dv.view(), p.options());
+  for (double x : p.dk.to_double()) EXPECT_EQ(x, 0.0);
+  for (double x : p.dv.to_double()) EXPECT_EQ(x, 0.0);
 }
 
 // CPU backends need no scratch memory; the query validates like the call itself.

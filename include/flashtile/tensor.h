@@ -22,7 +22,8 @@ struct TensorView {
   std::array<std::int64_t, 4> shape{};
   std::array<std::int64_t, 4> stride{};
 
-  // Number of elements, or -1 when the product overflows int64 (validation reports that case).
+  // Number of elements, or -1 when the product overflows int64 or the rank is outside 0..4 (validation reports
+  // both).
   std::int64_t numel() const noexcept;
   bool empty() const noexcept;
 };

@@ -57,9 +57,11 @@ struct AttnParams {
 
   bool is_backward() const noexcept { return backward; }
   std::int64_t group() const noexcept { return heads_kv > 0 ? heads_q / heads_kv : 0; }
-  // No output element exists. Backward with Sq = 0 still writes dK = dV = 0 for every key.
+  // No output element exists. A backward without query rows or query heads (Sq = 0 or Hq = 0) still writes
+  // dK = dV = 0 for every key of every KV head.
   bool empty() const noexcept {
-    return batch == 0 || heads_q == 0 || (seqlen_q == 0 && (!backward || seqlen_k == 0));
+    const bool no_rows = batch == 0 || heads_q == 0 || seqlen_q == 0;
+    return no_rows && (!backward || batch == 0 || heads_kv == 0 || seqlen_k == 0);
   }
 
   // Visible keys of query row i are [key_begin(i), key_end(i)); empty when begin >= end. The CPU kernels and

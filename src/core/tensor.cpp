@@ -7,6 +7,7 @@
 namespace flashtile {
 
 std::int64_t TensorView::numel() const noexcept {
+  if (rank < 0 || rank > static_cast<int>(shape.size())) return -1;  // not a shape this view can hold
   std::int64_t n = 1;
   for (int i = 0; i < rank; ++i)
     if (__builtin_mul_overflow(n, shape[static_cast<std::size_t>(i)], &n)) return -1;

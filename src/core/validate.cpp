@@ -1,6 +1,7 @@
 #include "core/validate.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <sstream>
@@ -14,21 +15,18 @@ namespace {
 
 constexpr std::int64_t kMaxHeadDim = 256;
 
-std::string shape_str(const TensorView& t) {
-  std::ostringstream s;
-  s << '[';
-  for (int i = 0; i < t.rank; ++i) s << (i ? ", " : "") << t.shape[static_cast<std::size_t>(i)];
-  s << ']';
-  return s.str();
-}
+// The dims a view holds: its rank, clamped to what TensorView stores (a bad rank is reported, not read past).
+int held_dims(const TensorView& t) { return std::clamp(t.rank, 0, static_cast<int>(t.shape.size())); }
 
-std::string stride_str(const TensorView& t) {
+std::string dims_str(const std::array<std::int64_t, 4>& x, int n) {
   std::ostringstream s;
   s << '[';
-  for (int i = 0; i < t.rank; ++i) s << (i ? ", " : "") << t.stride[static_cast<std::size_t>(i)];
+  for (int i = 0; i < n; ++i) s << (i ? ", " : "") << x[static_cast<std::size_t>(i)];
   s << ']';
   return s.str();
 }
+std::string shape_str(const TensorView& t) { return dims_str(t.shape, held_dims(t)); }
+std::string stride_str(const TensorView& t) { return dims_str(t.stride, held_dims(t)); }
 
 template <class E, class... Args>
 [[noreturn]] void fail(const Args&... args) {
@@ -82,13 +80,18 @@ Span check_layout(const Arg& a, int rank) {
       fail<InvalidArgument>(a.name, ": shape ", shape_str(t), " with strides ", stride_str(t),
                             " overflows 64-bit element offsets");
   }
-  std::int64_t max_byte = 0;
-  if (__builtin_mul_overflow(max_off + 1, static_cast<std::int64_t>(dtype_size(t.dtype)), &max_byte))
+  std::int64_t max_byte = 0, end_off = 0;
+  if (__builtin_add_overflow(max_off, 1, &end_off) ||
+      __builtin_mul_overflow(end_off, static_cast<std::int64_t>(dtype_size(t.dtype)), &max_byte))
     fail<InvalidArgument>(a.name, ": shape ", shape_str(t), " with strides ", stride_str(t),
                           " overflows 64-bit byte offsets");
   if (empty) return {};
   if (t.data == nullptr) fail<InvalidArgument>(a.name, ": data pointer is null for shape ", shape_str(t));
   const auto lo = reinterpret_cast<std::uintptr_t>(t.data);
+  // The kernels load whole elements (and vectors of them): an element must start at a multiple of its size.
+  if (lo % dtype_size(t.dtype) != 0)
+    fail<InvalidArgument>(a.name, ": data pointer ", t.data, " is not aligned to its ", dtype_size(t.dtype),
+                          "-byte elements (", dtype_name(t.dtype), ")");
   std::uintptr_t hi = 0;
   if (__builtin_add_overflow(lo, static_cast<std::uintptr_t>(max_byte), &hi))
     fail<InvalidArgument>(a.name, ": shape ", shape_str(t), " at address ", t.data, " wraps the address space");

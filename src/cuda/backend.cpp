@@ -225,6 +225,9 @@ class CudaSm80 final : public Backend {
     if (!(p.softmax_scale > 0.f))
       why.push_back("softmax_scale = " + std::to_string(p.softmax_scale) +
                     " <= 0 is not supported (the online softmax folds the scale into the running max)");
+    if (p.is_backward() && p.heads_q == 0 && p.heads_kv > 0)
+      why.push_back("backward with Hq = 0 query heads and Hkv = " + std::to_string(p.heads_kv) +
+                    " (dK = dV = 0): not supported by the CUDA kernels");
     if (p.seqlen_q > INT_MAX / 2 || p.seqlen_k > INT_MAX / 2 || p.batch > 65535 || p.heads_q > 65535)
       why.push_back("sizes: seqlen must be < 2^30 and batch, heads <= 65535 (grid limits)");
     check_alignment(p, why);
