@@ -1,9 +1,10 @@
 // CPU FlashAttention backward, compiled once per ISA (FT_ISA_NS names the namespace).
 //
 // Recomputation: P = exp(S − LSE) per tile from Q, K and the forward's LSE, with S = (scale · Q) Kᵀ computed
-// exactly as the float32 forward does (same scaled Q, same tile product), so the row max the forward folded
-// into LSE comes back bit for bit and S − LSE is exact up to LSE's own rounding; nothing of size Sq × Sk is
-// ever stored. A row with LSE = −inf (no visible key, or only −inf scores) has P = 0 and is kept out of every
+// exactly as the float32 forward does (same scaled Q, same tile product: each score is one FMA chain over the
+// head dim, whatever the blocking), so for float32 and float16 inputs the row max the forward folded into LSE
+// comes back bit for bit and S − LSE is exact up to LSE's own float32 rounding (the bf16 pair and AMX forwards
+// sum their scores in another order); nothing of size Sq × Sk is ever stored. A row with LSE = −inf (no visible key, or only −inf scores) has P = 0 and is kept out of every
 // product, as if it saw no key: a NaN in its dO cannot reach dK or dV through 0 · NaN.
 //   D  = rowsum(dO ∘ O)                (preprocessing, one float per query row)
 //   dV += Pᵀ dO,  dP = dO Vᵀ,  dS = P ∘ (dP − D),  dQ += scale · dS K,  dK += dSᵀ (scale · Q)
