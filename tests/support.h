@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <ostream>
 #include <random>
 #include <string>
@@ -53,6 +54,7 @@ struct Case {
   bool causal = false;
   DType dtype = DType::float32;
   Layout layout = Layout::contiguous;
+  std::optional<float> softmax_scale;  // unset: 1 / sqrt(d), the library's default; not part of name()
   std::string name() const;
 };
 // GoogleTest prints a parameter with this instead of its bytes.
@@ -84,6 +86,13 @@ double max_abs(const std::vector<double>& x);
 // P = exp(s - LSE) from the stored LSE, so P carries a relative error of about eps·|LSE| that standard
 // attention (which keeps P) does not have; that is the price of recomputation and is allowed for.
 double backward_magnitude(const Results& ref);
+// The `magnitude` for LSE: the largest scale · Σ_c |q_ic · k_jc| over visible (i, j), the size of the terms a
+// score is summed from. LSE is 1-Lipschitz in a row's scores (∂LSE/∂s_j = p_j, Σ p_j = 1), so its error is
+// the error of the scores plus the log-sum's own rounding; a score's rounding error, in any evaluation order
+// (standard attention's included), is a multiple of eps times these terms, not of eps·|s|, which cancellation
+// can make far smaller. With Sk = 1 the LSE is one score: a floor of 8·eps·|LSE| was below the rounding of
+// the dot product itself, and the test failed by chance (issue 11).
+double score_magnitude(const Problem& p);
 // Machine epsilon of the dtype.
 double eps(DType t);
 
@@ -103,6 +112,7 @@ class ScopedCpuIsa {
   std::string old_;
 };
 
+// FLASHTILE_TEST_VERBOSE=1 prints every comparison (error, standard error, tolerance, their ratio).
 // Asserts err(got) <= 2 * err(standard) + 8 * eps * max(max|ref|, magnitude) and prints both errors on
 // failure. `magnitude` is the scale of the quantities the output is summed from (for gradients: the
 // largest of the three gradients), so an output that is exactly 0 in theory (a softmax over one key has

@@ -110,6 +110,113 @@ TEST(Edge, NaNInOneQueryRowStaysInThatRow) {
   EXPECT_TRUE(std::isnan(p.lse.to_double()[static_cast<std::size_t>(1 * c.sq + 7)]));
 }
 
+// The semantics shared by every backend (reference.cpp, softmax_row): a NaN or +inf visible score makes the
+// row NaN; a row whose visible scores are all -inf is empty (O = 0, LSE = -inf, no gradient anywhere); keys a
+// row does not see never affect it. Each problem is compared with the oracle, which implements the definition
+// on its own, through expect_close: NaN and Inf must sit exactly where the oracle has them (max_abs_error is
+// infinite otherwise) and finite values within the usual tolerance; the named facts are asserted directly too.
+// Every dtype, causal and not, on whichever ISA path the run forces (the suite runs once per path).
+std::size_t row_at(const Case& c, std::int64_t i, std::int64_t h, std::int64_t dim, std::int64_t e) {
+  return static_cast<std::size_t>((i * c.hq + h) * dim + e);
+}
+
+void compare_with_oracle(Problem& p) {
+  const Results ref = oracle(p, true);
+  const Results st = standard_attention(p, true);
+  expect_close("out", p.out.to_double(), st.out, ref.out, p.c.dtype);
+  expect_close("lse", p.lse.to_double(), st.lse, ref.lse, p.c.dtype, score_magnitude(p));
+  const double mag = backward_magnitude(ref);
+  expect_close("dq", p.dq.to_double(), st.dq, ref.dq, p.c.dtype, mag);
+  expect_close("dk", p.dk.to_double(), st.dk, ref.dk, p.c.dtype, mag);
+  expect_close("dv", p.dv.to_double(), st.dv, ref.dv, p.c.dtype, mag);
+}
+
+Case semantics_case(DType t, bool causal) {
+  Case c;
+  c.sq = 70;
+  c.sk = 90;  // causal: row i sees keys j <= i + 20
+  c.hq = 2;
+  c.hkv = 1;
+  c.d = c.dv = 24;
+  c.causal = causal;
+  c.dtype = t;
+  return c;
+}
+
+TEST(Edge, RowWithOnlyMinusInfScoresIsEmpty) {
+  auto rng = test_rng();
+  const double inf = std::numeric_limits<double>::infinity();
+  for (DType t : {DType::float32, DType::float16, DType::bfloat16})
+    for (bool causal : {false, true}) {
+      const Case c = semantics_case(t, causal);
+      SCOPED_TRACE(c.name());
+      Problem p(c, rng);
+      const std::int64_t row = 40;  // head 0: q[0] = -inf against k[0] = 1 for every key: all scores -inf
+      for (std::int64_t j = 0; j < c.sk; ++j) p.k.set(j * c.d, 1.0);
+      p.q.set(static_cast<std::int64_t>(row_at(c, row, 0, c.d, 0)), -inf);
+      for (std::int64_t e = 0; e < c.dv; ++e)  // its gradient must reach nothing (not even as 0 · NaN)
+        p.dout.set(static_cast<std::int64_t>(row_at(c, row, 0, c.dv, e)), kNaN);
+      run_fwd(p, p.options());
+      run_bwd(p, p.options());
+      compare_with_oracle(p);
+      const auto out = p.out.to_double(), lse = p.lse.to_double(), dq = p.dq.to_double();
+      for (std::int64_t e = 0; e < c.dv; ++e) EXPECT_EQ(out[row_at(c, row, 0, c.dv, e)], 0.0);
+      for (std::int64_t e = 0; e < c.d; ++e) EXPECT_EQ(dq[row_at(c, row, 0, c.d, e)], 0.0);
+      EXPECT_EQ(lse[static_cast<std::size_t>(row)], -inf);
+      EXPECT_TRUE(std::isfinite(lse[static_cast<std::size_t>(c.sq + row)]));  // head 1, same row: normal
+      for (double x : p.dk.to_double()) ASSERT_TRUE(std::isfinite(x));
+      for (double x : p.dv.to_double()) ASSERT_TRUE(std::isfinite(x));
+    }
+}
+
+TEST(Edge, NaNAndPlusInfScoresGiveNaNRowsAndHiddenValuesStayOut) {
+  auto rng = test_rng();
+  const double inf = std::numeric_limits<double>::infinity();
+  for (DType t : {DType::float32, DType::float16, DType::bfloat16})
+    for (bool causal : {false, true}) {
+      const Case c = semantics_case(t, causal);
+      SCOPED_TRACE(c.name());
+      Problem p(c, rng);
+      p.q.set(static_cast<std::int64_t>(row_at(c, 7, 1, c.d, 3)), kNaN);  // row 7, head 1: NaN scores
+      // Row 50, head 0: q[1] = -inf against k[1] = 1, except key 10 with k[1] = -1: one +inf score among -inf.
+      for (std::int64_t j = 0; j < c.sk; ++j) p.k.set(j * c.d + 1, j == 10 ? -1.0 : 1.0);
+      p.q.set(static_cast<std::int64_t>(row_at(c, 50, 0, c.d, 1)), -inf);
+      const std::int64_t hidden = 85;  // causal: seen by rows >= 65 only
+      if (causal) p.v.set(hidden * c.dv + 2, kNaN);
+      run_fwd(p, p.options());
+      run_bwd(p, p.options());
+      compare_with_oracle(p);
+      const auto out = p.out.to_double(), lse = p.lse.to_double(), dq = p.dq.to_double();
+      for (std::int64_t i = 0; i < c.sq; ++i)
+        for (std::int64_t h = 0; h < c.hq; ++h) {
+          const bool nan_row = (i == 7 && h == 1) || (i == 50 && h == 0);
+          EXPECT_EQ(std::isnan(lse[static_cast<std::size_t>(h * c.sq + i)]), nan_row) << i << "," << h;
+          for (std::int64_t e = 0; e < c.dv; ++e)
+            EXPECT_EQ(std::isnan(out[row_at(c, i, h, c.dv, e)]), nan_row || (causal && i >= 65 && e == 2))
+                << i << "," << h << "," << e;
+          EXPECT_EQ(std::isnan(dq[row_at(c, i, h, c.d, 0)]), nan_row || (causal && i >= 65)) << i << "," << h;
+        }
+    }
+}
+
+TEST(Edge, NonPositiveSoftmaxScalesAreHonoured) {
+  // A masked score is -inf whatever the scale: kernels that scale after masking would make it +inf (scale < 0)
+  // or NaN (scale = 0).
+  auto rng = test_rng();
+  for (float scale : {-0.35f, 0.0f})
+    for (DType t : {DType::float32, DType::float16, DType::bfloat16})
+      for (bool causal : {false, true}) {
+        Case c = semantics_case(t, causal);
+        c.d = c.dv = 41;  // an odd head dim: the bf16 pair kernels' zero-padded last pair
+        c.softmax_scale = scale;
+        SCOPED_TRACE(c.name() + " scale " + std::to_string(scale));
+        Problem p(c, rng);
+        run_fwd(p, p.options());
+        run_bwd(p, p.options());
+        compare_with_oracle(p);
+      }
+}
+
 TEST(Edge, NaNInAKeyReachesExactlyTheRowsThatSeeIt) {
   auto rng = test_rng();
   for (DType t : {DType::float32, DType::bfloat16}) {

@@ -1,9 +1,13 @@
 // CPU FlashAttention backward, compiled once per ISA (FT_ISA_NS names the namespace).
 //
-// Recomputation: P = exp2(scale·log2e · Q Kᵀ − LSE·log2e) per tile from Q, K and the forward's LSE;
-// nothing of size Sq × Sk is ever stored.
+// Recomputation: P = exp(S − LSE) per tile from Q, K and the forward's LSE, with S = (scale · Q) Kᵀ computed
+// exactly as the float32 forward does (same scaled Q, same tile product: each score is one FMA chain over the
+// head dim, whatever the blocking), so for float32 and float16 inputs the row max the forward folded into LSE
+// comes back bit for bit and S − LSE is exact up to LSE's own float32 rounding (the bf16 pair and AMX forwards
+// sum their scores in another order); nothing of size Sq × Sk is ever stored. A row with LSE = −inf (no visible key, or only −inf scores) has P = 0 and is kept out of every
+// product, as if it saw no key: a NaN in its dO cannot reach dK or dV through 0 · NaN.
 //   D  = rowsum(dO ∘ O)                (preprocessing, one float per query row)
-//   dV += Pᵀ dO,  dP = dO Vᵀ,  dS = P ∘ (dP − D),  dQ += scale · dS K,  dK += scale · dSᵀ Q
+//   dV += Pᵀ dO,  dP = dO Vᵀ,  dS = P ∘ (dP − D),  dQ += scale · dS K,  dK += dSᵀ (scale · Q)
 // One task = (batch, KV head, part): a part owns every `parts`-th key tile, so it accumulates dK and dV
 // for its tiles on its own (no race; GQA's sum over the group's query heads happens inside the task).
 // dQ gets contributions from every key tile, so each part adds into its own float32 dQ buffer
@@ -37,13 +41,13 @@ std::unique_ptr<float[]> zeros(std::int64_t n) {
 // Per-thread scratch; leading dimensions padded to 16 floats with zero padding (tile_ops.h).
 struct BwdScratch {
   int ldd, ldv;  // padded D and Dv
-  std::unique_ptr<float[]> q, dout, kt, kf, vt, s, dp, dk, dv, lse2, delta;
+  std::unique_ptr<float[]> q, dout, kt, kf, vt, s, dp, dk, dv, lse, delta;  // q: scale · Q
   std::unique_ptr<int[]> limit;  // visible keys of each query row in the current key tile
   BwdScratch(TileConfig t, std::int64_t d, std::int64_t dv_)
       : ldd(padded(d)), ldv(padded(dv_)), q(zeros(t.block_q * ldd)), dout(zeros(t.block_q * ldv)),
         kt(zeros(d * t.block_k)), kf(zeros(t.block_k * ldd)), vt(zeros(dv_ * t.block_k)),
         s(zeros(t.block_q * t.block_k)), dp(zeros(t.block_q * t.block_k)), dk(zeros(t.block_k * ldd)),
-        dv(zeros(t.block_k * ldv)), lse2(zeros(t.block_q)), delta(zeros(t.block_q)),
+        dv(zeros(t.block_k * ldv)), lse(zeros(t.block_q)), delta(zeros(t.block_q)),
         limit(new int[static_cast<std::size_t>(t.block_q)]) {}
 };
 
@@ -83,7 +87,6 @@ void key_tile(Shared& sh, BwdScratch& w, std::int64_t b, std::int64_t hk, std::i
   const int n = static_cast<int>(std::min<std::int64_t>(bk, p.seqlen_k - k0));
   const int npad = padded(n);
   const int ldd = w.ldd, ldv = w.ldv;
-  const float qk_scale = p.softmax_scale * kLog2e;
 
   for (int j = 0; j < n; ++j) {
     const T* ks = row_ptr<T>(p.k, p.k_stride, b, k0 + j, hk);
@@ -116,17 +119,23 @@ void key_tile(Shared& sh, BwdScratch& w, std::int64_t b, std::int64_t hk, std::i
         const T* gs = row_ptr<T>(p.dout, p.dout_stride, b, q0 + r, h);
         float* qd = w.q.get() + static_cast<std::int64_t>(r) * ldd;
         float* gd = w.dout.get() + static_cast<std::int64_t>(r) * ldv;
-        for (int c = 0; c < d; ++c) qd[c] = to_float(qs[c]);
+        for (int c = 0; c < d; ++c) qd[c] = to_float(qs[c]) * p.softmax_scale;  // as the forward
         for (int c = 0; c < dv; ++c) gd[c] = to_float(gs[c]);
-        w.lse2[r] = lse_row[(q0 + r) * p.lse_stride.row] * kLog2e;
+        w.lse[r] = lse_row[(q0 + r) * p.lse_stride.row];
         w.delta[r] = delta[q0 + r];
       }
-      // P = exp2(qk_scale · S − LSE·log2e), masked entries exactly 0.
+      // P = exp(S − LSE), masked entries and rows with LSE = −inf exactly 0.
       gemm_nn(rows, npad, d, w.q.get(), ldd, w.kt.get(), bk, w.s.get(), bk, false);
-      const bool needs_mask = k0 < p.key_begin(q0 + rows - 1) || k0 + n > p.key_end(q0);
+      bool needs_mask = k0 < p.key_begin(q0 + rows - 1) || k0 + n > p.key_end(q0);
+      for (int r = 0; r < rows; ++r) needs_mask = needs_mask || w.lse[r] == kNegInf;
       for (int r = 0; r < rows; ++r) {
         float* sr = w.s.get() + static_cast<std::int64_t>(r) * bk;
-        exp2_row(sr, n, qk_scale, w.lse2[r]);
+        if (w.lse[r] == kNegInf) {
+          std::fill_n(sr, n, 0.0f);
+          w.limit[r] = 0;
+          continue;
+        }
+        exp_row(sr, n, w.lse[r]);
         if (needs_mask) mask_row(p, q0 + r, k0, n, sr, 0.0f);
         w.limit[r] = needs_mask ? visible_in_tile(p, q0 + r, k0, n) : n;
       }
@@ -144,7 +153,7 @@ void key_tile(Shared& sh, BwdScratch& w, std::int64_t b, std::int64_t hk, std::i
         for (int j = end; j < n; ++j) dpr[j] = 0.0f;
       }
       gemm_nn(rows, ldd, n, w.dp.get(), bk, w.kf.get(), ldd, sh.dq_rows(part, b, h, q0), ldd, true, lim);  // dQ += dS K
-      gemm_tn(n, ldd, rows, w.dp.get(), bk, w.q.get(), ldd, w.dk.get(), ldd, lim);                           // dK += dSᵀ Q
+      gemm_tn(n, ldd, rows, w.dp.get(), bk, w.q.get(), ldd, w.dk.get(), ldd, lim);                           // dK += dSᵀ (scale·Q)
     }
   }
   for (int j = 0; j < n; ++j) {
@@ -152,7 +161,7 @@ void key_tile(Shared& sh, BwdScratch& w, std::int64_t b, std::int64_t hk, std::i
     T* dvs = row_ptr<T>(p.dv, p.dv_stride, b, k0 + j, hk);
     const float* dkr = w.dk.get() + static_cast<std::int64_t>(j) * ldd;
     const float* dvr = w.dv.get() + static_cast<std::int64_t>(j) * ldv;
-    for (int c = 0; c < d; ++c) dks[c] = from_float<T>(dkr[c] * p.softmax_scale);
+    for (int c = 0; c < d; ++c) dks[c] = from_float<T>(dkr[c]);
     for (int c = 0; c < dv; ++c) dvs[c] = from_float<T>(dvr[c]);
   }
 }

@@ -2,7 +2,8 @@
 //
 // One task = (batch, query head, query tile). The task streams key/value tiles through L1/L2, keeps the
 // running max m, running sum l and the unnormalised output accumulator per row, and normalises once at
-// the end. Scores are kept in log2 units (scale · log2(e) folded into Q) so the hot loop uses exp2.
+// the end. Scores are kept in natural units (the softmax scale folded into Q, as the backward does, so both
+// compute the same scores bit for bit); exp2 takes (s − m) · log2(e) (tile_ops.h, exp_row).
 // Causal: key tiles past the last visible key of the tile's last row are never visited; only tiles that
 // cross some row's boundary are masked.
 #include <algorithm>
@@ -83,7 +84,7 @@ void forward_tile(const AttnParams& p, FwdScratch& w, std::int64_t b, std::int64
   const int d = w.d, dv = w.dv, bk = w.bk;
   const int rows = static_cast<int>(std::min<std::int64_t>(w.bq, p.seqlen_q - q0));
   const std::int64_t hk = h / p.group();
-  const float qscale = p.softmax_scale * kLog2e;
+  const float qscale = p.softmax_scale;
 
   PhaseTimer clock(g_phases);
   for (int r = 0; r < rows; ++r) {

@@ -47,24 +47,27 @@ struct TileKeys {
   bool needs_mask(std::int64_t k0, int n) const { return k0 < all_lo || k0 + n > all_hi; }
 };
 
-// One step of the online softmax for one query row: scores sr[0, n) (times mul > 0 they are in log2 units;
-// masked entries -inf) become P = exp2(s·mul - m_new), the running max m and sum l absorb the tile, and the
-// output row acc[0, dv) is rescaled when the max moved. (The bf16 kernels pass the softmax scale as mul,
-// which saves a pass over the row; the float32 kernel folds it into Q.)
-inline void online_softmax_row(float* sr, int n, float& m, float& l, float* acc, int dv, float mul = 1.0f) {
-  const float mx = row_max(sr, n) * mul;
+// One step of the online softmax for one query row: scores sr[0, n) in natural units (scaled by the softmax
+// scale; masked entries −inf) become P = e^(s − m_new), the running max m and sum l absorb the tile, and the
+// output row acc[0, dv) is rescaled when the max moved. A +inf score makes m = +inf and P = e^(inf − inf) = NaN,
+// a NaN score a NaN P: either way l and the row turn NaN, as the semantics ask.
+inline void online_softmax_row(float* sr, int n, float& m, float& l, float* acc, int dv) {
+  const float mx = row_max(sr, n);
   const float m_old = m;
   const float m_new = mx > m_old ? mx : m_old;
-  // All keys so far masked: keep exponentials at exp2(-inf) = 0 instead of exp2(-inf - -inf) = NaN.
+  // All keys so far −inf: keep exponentials at e^(−inf) = 0 instead of e^(−inf − −inf) = NaN.
   const float m_ref = m_new == kNegInf ? 0.0f : m_new;
-  const float sum = exp2_row(sr, n, mul, m_ref);
-  const float alpha = exp2_fast(m_old - m_ref);
+  const float sum = exp_row(sr, n, m_ref);
+  const float alpha = exp2_fast((m_old - m_ref) * kLog2e);
   l = l * alpha + sum;
   m = m_new;
   if (alpha != 1.0f) scale_row(acc, dv, alpha);
 }
 
-// O = acc / l and LSE = (m + log2 l) · ln 2 for rows [q0, q0 + rows) of head (b, h); m and l in log2 units.
+// O = acc / l and LSE = m + log l (natural units) for rows [q0, q0 + rows) of head (b, h). A row that sees no
+// key, or whose visible scores are all −inf (l = 0: the row max, if finite, contributes e^0 = 1), is defined
+// as O = 0, LSE = −inf, whatever acc holds (0 · NaN from a value it cannot weigh). A NaN or +inf visible score
+// left l NaN, and O and LSE follow.
 template <class T>
 void write_output_rows(const detail::AttnParams& p, std::int64_t b, std::int64_t h, std::int64_t q0, int rows,
                        const float* acc, int ldacc, const float* m, const float* l, int dv) {
@@ -73,15 +76,14 @@ void write_output_rows(const detail::AttnParams& p, std::int64_t b, std::int64_t
     T* o = row_ptr<T>(p.out, p.out_stride, b, i, h);
     float* lse = p.lse + b * p.lse_stride.batch + h * p.lse_stride.head + i * p.lse_stride.row;
     const float* ar = acc + static_cast<std::int64_t>(r) * ldacc;
-    if (p.key_end(i) <= p.key_begin(i)) {  // no visible key: defined as O = 0, LSE = -inf
+    if (p.key_end(i) <= p.key_begin(i) || l[r] == 0.0f) {
       for (int c = 0; c < dv; ++c) o[c] = from_float<T>(0.0f);
       *lse = kNegInf;
       continue;
     }
-    // l == 0 with visible keys means every score was -inf (an infinite input): NaN, as standard attention.
-    const float inv = l[r] > 0.0f ? 1.0f / l[r] : std::numeric_limits<float>::quiet_NaN();
+    const float inv = 1.0f / l[r];
     for (int c = 0; c < dv; ++c) o[c] = from_float<T>(ar[c] * inv);
-    *lse = l[r] > 0.0f ? (m[r] + std::log2(l[r])) * kLn2 : std::numeric_limits<float>::quiet_NaN();
+    *lse = m[r] + std::log(l[r]);
   }
 }
 

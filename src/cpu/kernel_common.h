@@ -13,7 +13,6 @@ namespace flashtile::cpu {
 FT_ISA_BEGIN
 
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // Sets the entries of keys k0 + j (j < n) that query row i does not see to `value` (-inf for scores,

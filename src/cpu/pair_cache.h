@@ -119,18 +119,19 @@ inline void start_query_rows(const detail::AttnParams& p, PairScratch& w, std::i
   }
 }
 
-// The softmax step of key tile [k0, k0 + n) for rows [0, rows): unscaled scores in w.s (the softmax scale
-// enters through exp2's multiplier, not through Q, which would round Q a second time) become P, rounded to
+// The softmax step of key tile [k0, k0 + n) for rows [0, rows): unscaled scores in w.s (the softmax scale is
+// applied to the float32 scores, not folded into Q, which would round Q a second time) become P, rounded to
 // bf16 in w.pb with zeros from n to n_pad; the running max and sum absorb the tile; w.limit[r] = the keys row r
-// sees in the tile.
+// sees in the tile. The scale is applied before masking, so a masked key is −inf whatever the scale's sign
+// (−inf · a negative scale would be +inf, · 0 NaN).
 inline void softmax_rows_to_bf16(const detail::AttnParams& p, PairScratch& w, std::int64_t q0, int rows,
                                  std::int64_t k0, int n, int n_pad, bool needs_mask) {
-  const float qscale = p.softmax_scale * kLog2e;
   for (int r = 0; r < rows; ++r) {
     float* sr = w.s.get() + static_cast<std::int64_t>(r) * w.bk;
+    scale_row(sr, n, p.softmax_scale);
     if (needs_mask) mask_row(p, q0 + r, k0, n, sr);
     w.limit[r] = needs_mask ? visible_in_tile(p, q0 + r, k0, n) : n;
-    online_softmax_row(sr, n, w.m[r], w.l[r], w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.dv, qscale);
+    online_softmax_row(sr, n, w.m[r], w.l[r], w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.dv);
     to_bf16_row(sr, w.pb.get() + static_cast<std::int64_t>(r) * w.bk, n, n_pad);
   }
 }

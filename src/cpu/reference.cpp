@@ -2,6 +2,7 @@
 // that it is obviously the textbook definition:
 //   S = scale · Q Kᵀ (masked entries excluded), P = softmax(S), O = P V, LSE = log Σ exp(S)
 //   dV = Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP − rowsum(P ∘ dP)), dQ = scale · dS K, dK = scale · dSᵀ Q
+// with the rows the softmax leaves undefined defined as in softmax_row below (NaN rows, empty rows).
 #include "cpu/reference.h"
 
 #include <algorithm>
@@ -60,29 +61,48 @@ double dot(const double* a, const double* b, std::int64_t n) {
   return s;
 }
 
-// Softmax row of query i of head h: fills prob[j] for visible keys (0 elsewhere), returns LSE.
+// The mask, written out here from its definition rather than taken from the kernels' AttnParams::key_begin /
+// key_end, so that a mistake there cannot hide from the oracle: causal is bottom-right aligned.
+bool visible(const detail::AttnParams& p, std::int64_t i, std::int64_t j) {
+  return !p.causal || j <= i + p.seqlen_k - p.seqlen_q;
+}
+
+// Softmax row of query i of head h: fills prob[j] for every key (0 for keys the row does not see) and returns
+// LSE. The semantics (one definition for every backend):
+//  - a visible score that is NaN or +inf makes the row NaN: prob NaN on its visible keys, LSE NaN;
+//  - no visible key, or only −inf scores: prob 0 everywhere, LSE −inf (the row is "empty");
+//  - otherwise the softmax, with prob 0 for −inf scores.
 double softmax_row(const detail::AttnParams& p, const Inputs& in, std::int64_t b, std::int64_t h, std::int64_t i,
                    std::vector<double>& prob) {
   const std::int64_t hk = h / p.group();
-  const std::int64_t lo = p.key_begin(i), hi = p.key_end(i);
   std::fill(prob.begin(), prob.end(), 0.0);
-  if (hi <= lo) return kNegInf;
   double m = kNegInf;
   bool nan = false;
-  for (std::int64_t j = lo; j < hi; ++j) {
+  for (std::int64_t j = 0; j < p.seqlen_k; ++j) {
+    if (!visible(p, i, j)) continue;
     const double s = p.softmax_scale * dot(in.q.at(b, i, h), in.k.at(b, j, hk), p.hdim);
     prob[static_cast<std::size_t>(j)] = s;
-    nan = nan || std::isnan(s);
-    m = std::max(m, s);
+    nan = nan || std::isnan(s) || s == std::numeric_limits<double>::infinity();
+    if (!std::isnan(s)) m = std::max(m, s);
+  }
+  if (nan) {
+    for (std::int64_t j = 0; j < p.seqlen_k; ++j)
+      if (visible(p, i, j)) prob[static_cast<std::size_t>(j)] = std::numeric_limits<double>::quiet_NaN();
+    return std::numeric_limits<double>::quiet_NaN();
+  }
+  if (m == kNegInf) {  // nothing visible, or every visible score −inf
+    std::fill(prob.begin(), prob.end(), 0.0);
+    return kNegInf;
   }
   double l = 0.0;
-  for (std::int64_t j = lo; j < hi; ++j) {
+  for (std::int64_t j = 0; j < p.seqlen_k; ++j) {
+    if (!visible(p, i, j)) continue;
     double& x = prob[static_cast<std::size_t>(j)];
-    x = std::exp(x - m);  // all -inf (infinite inputs) gives NaN, as standard attention does
+    x = std::exp(x - m);  // −inf scores give 0
     l += x;
   }
-  for (std::int64_t j = lo; j < hi; ++j) prob[static_cast<std::size_t>(j)] /= l;
-  return nan ? std::numeric_limits<double>::quiet_NaN() : m + std::log(l);
+  for (double& x : prob) x /= l;
+  return m + std::log(l);
 }
 
 }  // namespace
@@ -100,9 +120,12 @@ reference::ForwardResult reference_forward(const detail::AttnParams& p, const st
       const std::int64_t hk = h / p.group();
       for (std::int64_t ri = 0; ri < nr; ++ri) {
         const std::int64_t i = rows[static_cast<std::size_t>(ri)];
-        r.lse[static_cast<std::size_t>((b * p.heads_q + h) * nr + ri)] = softmax_row(p, in, b, h, i, prob);
+        const double lse = softmax_row(p, in, b, h, i, prob);
+        r.lse[static_cast<std::size_t>((b * p.heads_q + h) * nr + ri)] = lse;
+        if (lse == kNegInf) continue;  // empty row: O = 0, whatever V holds
         double* o = r.out.data() + ((b * nr + ri) * p.heads_q + h) * p.hdim_v;
-        for (std::int64_t j = p.key_begin(i); j < p.key_end(i); ++j) {
+        for (std::int64_t j = 0; j < p.seqlen_k; ++j) {
+          if (!visible(p, i, j)) continue;
           const double w = prob[static_cast<std::size_t>(j)];
           const double* vj = in.v.at(b, j, hk);
           for (std::int64_t c = 0; c < p.hdim_v; ++c) o[c] += w * vj[c];
@@ -124,15 +147,17 @@ reference::BackwardResult reference_backward(const detail::AttnParams& p) {
     for (std::int64_t h = 0; h < p.heads_q; ++h) {
       const std::int64_t hk = h / p.group();
       for (std::int64_t i = 0; i < p.seqlen_q; ++i) {
-        softmax_row(p, in, b, h, i, prob);
-        const std::int64_t lo = p.key_begin(i), hi = p.key_end(i);
+        // An empty row has P = 0: no gradient to dQ, no contribution to dK or dV (not even 0 · NaN).
+        if (softmax_row(p, in, b, h, i, prob) == kNegInf) continue;
         const double* g = dout.at(b, i, h);
         double delta = 0.0;  // rowsum(P ∘ dP) = rowsum(dO ∘ O)
-        for (std::int64_t j = lo; j < hi; ++j) {
+        for (std::int64_t j = 0; j < p.seqlen_k; ++j) {
+          if (!visible(p, i, j)) continue;
           dprob[static_cast<std::size_t>(j)] = dot(g, in.v.at(b, j, hk), p.hdim_v);
           delta += prob[static_cast<std::size_t>(j)] * dprob[static_cast<std::size_t>(j)];
         }
-        for (std::int64_t j = lo; j < hi; ++j) {
+        for (std::int64_t j = 0; j < p.seqlen_k; ++j) {
+          if (!visible(p, i, j)) continue;
           const double pij = prob[static_cast<std::size_t>(j)];
           const double ds = pij * (dprob[static_cast<std::size_t>(j)] - delta) * p.softmax_scale;
           double* dqi = dq.at(b, i, h);

@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "cpu/exp2.h"
+#include "cpu/kernel_common.h"
 #include "cpu/microkernel.h"
 
 namespace flashtile::cpu {
@@ -75,22 +76,27 @@ inline float row_max(const float* x, int n) {
   return m;
 }
 
-// x[j] = 2^(x[j]·mul − sub) for j < n; returns Σ x[j].
-inline float exp2_row(float* x, int n, float mul, float sub) {
+// x[j] = e^(x[j] − sub) for j < n; returns Σ x[j]. Scores stay in natural units: the difference x − sub
+// is formed first (exact when x and sub are within a factor 2 of each other, one rounding otherwise), and only
+// then multiplied by log2(e) for exp2. Folding log2(e) into the scores instead (one FMA, x·log2e − sub·log2e)
+// rounds both terms at their own magnitude, an absolute error of eps·|x| that does not cancel: with one key
+// dominating a row (x ≈ sub ≈ 11.5) the float32 backward's dV error was 3.9e-6 of max|dV| against 2.8e-7 for
+// standard attention. NaN stays NaN; x = −inf gives 0 (sub finite).
+inline float exp_row(float* x, int n, float sub) {
   float sum = 0.0f;
   int j = 0;
 #if FT_SIMD_WIDTH
   simd::V sv = simd::set1(0.0f);
-  const simd::V mv = simd::set1(mul), bv = simd::set1(-sub);
+  const simd::V lv = simd::set1(kLog2e), bv = simd::set1(sub);
   for (; j + simd::W <= n; j += simd::W) {
-    const simd::V e = simd::exp2(simd::fma(simd::load(x + j), mv, bv));
+    const simd::V e = simd::exp2(simd::mul(simd::sub(simd::load(x + j), bv), lv));
     simd::store(x + j, e);
     sv = simd::add(sv, e);
   }
   sum = simd::reduce_add(sv);
 #endif
   for (; j < n; ++j) {
-    x[j] = exp2_fast(x[j] * mul - sub);
+    x[j] = exp2_fast((x[j] - sub) * kLog2e);
     sum += x[j];
   }
   return sum;
