@@ -12,6 +12,9 @@
 # FRESH_ROOT_USERS (default "ft root": who runs the commands, in order), FRESH_ROOT_KEEP=1 (keep the root),
 # FRESH_ROOT_LOGS (default /var/tmp/flashtile-fresh-root-logs).
 # Exit status: 0 when every step passed, 1 when one failed, 2 when this machine cannot run the check.
+# The body is one { } block: bash reads it whole before running it, so editing this file during a run (which
+# takes most of an hour) cannot change what the run executes.
+{
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 
@@ -78,10 +81,26 @@ rev=$(git -C "$here" rev-parse HEAD) || exit 2
 echo "FlashTile $rev ($(git -C "$here" log -1 --format=%s "$rev" | cut -c1-80))"
 echo "root: $root; logs: $logs"
 
-step mmdebstrap mmdebstrap --variant=minbase --include=sudo bookworm "$root" \
+# A machine whose network intercepts TLS with its own CA (as this development machine's egress proxy does)
+# needs that CA in the root too, or pip cannot reach PyPI: the host's local CA certificates are copied in and
+# pip is pointed at the system store. On an ordinary machine there are none and nothing is copied.
+shopt -s nullglob
+extra_ca=(/usr/local/share/ca-certificates/*.crt)
+shopt -u nullglob
+include=sudo
+[ ${#extra_ca[@]} -gt 0 ] && include=sudo,ca-certificates
+
+step mmdebstrap mmdebstrap --variant=minbase --include="$include" bookworm "$root" \
   "deb http://deb.debian.org/debian bookworm main" \
   "deb http://deb.debian.org/debian bookworm-updates main" \
   "deb http://deb.debian.org/debian-security bookworm-security main" || exit 1
+
+if [ ${#extra_ca[@]} -gt 0 ]; then
+  echo "copying this machine's local CA certificates into the root: ${extra_ca[*]}"
+  cp "${extra_ca[@]}" "$root/usr/local/share/ca-certificates/"
+  chroot "$root" update-ca-certificates >/dev/null || exit 2
+  printf '[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n' > "$root/etc/pip.conf"
+fi
 
 do_mount "$root/proc" -t proc proc || exit 2
 do_mount "$root/sys" -t sysfs sysfs || exit 2
@@ -89,6 +108,8 @@ do_mount "$root/dev" --bind /dev || exit 2
 do_mount "$root/dev/pts" --bind /dev/pts || exit 2
 do_mount "$root/dev/shm" -t tmpfs tmpfs || exit 2
 cp -L /etc/resolv.conf "$root/etc/resolv.conf"
+# As an installed machine has: its host name resolves (sudo warns on every call otherwise).
+grep -qw "$(hostname)" "$root/etc/hosts" 2>/dev/null || echo "127.0.1.1 $(hostname)" >> "$root/etc/hosts"
 
 # A user with passwordless sudo (setup.sh uses sudo when not root).
 chroot "$root" useradd -m -s /bin/bash ft || exit 1
@@ -139,3 +160,4 @@ echo "=== fresh Debian 12 root, FlashTile $rev, $(date -u +%Y-%m-%d)"
 printf '%s\n' "${results[@]}"
 [ $failed = 0 ] && echo "RESULT: PASS" || echo "RESULT: FAIL"
 exit $failed
+}

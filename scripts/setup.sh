@@ -2,8 +2,8 @@
 # The one list of what FlashTile needs, installed when missing. Called by the README's demo command
 # (`setup.sh demo`), by the test command (scripts/test.sh runs `setup.sh test`) and so by CI (.ci/run).
 #
-#   demo  apt: cmake ninja-build g++ libopenblas-dev
-#   test  demo's list, plus apt: libgtest-dev python3 python3-venv python3-dev;
+#   demo  apt: cmake ninja-build g++ libopenblas-dev libgtest-dev (the cpu preset builds the tests too)
+#   test  demo's list, plus apt: python3 python3-venv python3-dev;
 #         the pinned CUTLASS/CuTe headers (pip nvidia-cutlass==4.2.0.0 --no-deps) when nvcc is found;
 #         a Python venv ($FLASHTILE_VENV, default ~/.cache/flashtile/venv) holding the Python tests'
 #         dependencies: pytest, numpy, ml_dtypes and torch (FLASHTILE_CI_TORCH=0 leaves torch out).
@@ -28,8 +28,8 @@ CUTLASS_PIN=nvidia-cutlass==4.2.0.0
 say() { echo "setup: $*"; }
 
 # --- apt packages ---------------------------------------------------------------------------------------
-apt_list=(cmake ninja-build g++ libopenblas-dev)
-if [ "$mode" = test ]; then apt_list+=(libgtest-dev python3 python3-venv python3-dev); fi
+apt_list=(cmake ninja-build g++ libopenblas-dev libgtest-dev)
+if [ "$mode" = test ]; then apt_list+=(python3 python3-venv python3-dev); fi
 
 missing=()
 if command -v dpkg-query >/dev/null 2>&1; then
