@@ -41,7 +41,11 @@ for target in flashtile_static flashtile_shared flashtile; do
   "$dir/consumer" || fail "the consumer built against flashtile::$target"
 done
 
-with_cuda=$(sed -n 's/^FLASHTILE_WITH_CUDA:[A-Z]*=//p' "$build/CMakeCache.txt")
+# Whether the build has CUDA, from the installed library itself (not from the package config under test).
+with_cuda=OFF
+if nm -C --defined-only "$prefix/$libdir/libflashtile.a" 2>/dev/null | grep -q 'register_cuda_backends'; then
+  with_cuda=ON
+fi
 dir=$tmp/consumer-cuda
 if cmake -S tests/consumer -B "$dir" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" -DFLASHTILE_WANT_CUDA=ON >"$dir.log" 2>&1; then
   [ "$with_cuda" = ON ] || { cat "$dir.log"; fail "COMPONENTS CUDA was found in a build without CUDA"; }
