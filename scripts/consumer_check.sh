@@ -4,7 +4,7 @@
 # and runs each. Also checks the CUDA component: find_package(flashtile COMPONENTS CUDA) must succeed when
 # the build has CUDA and fail, with its message, when it has not.
 #   bash scripts/consumer_check.sh <build dir>      (scripts/test.sh passes build/ci)
-set -euo pipefail
+set -euo pipefail  # (pipes into grep read to the end: grep -q would SIGPIPE the writer)
 cd "$(dirname "$0")/.."
 build=${1:?usage: consumer_check.sh <build dir>}
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/flashtile-consumer.XXXXXX")
@@ -34,7 +34,7 @@ for target in flashtile_static flashtile_shared flashtile; do
     >"$dir.log" 2>&1 || { cat "$dir.log"; fail "configure against flashtile::$target"; }
   cmake --build "$dir" >>"$dir.log" 2>&1 || { cat "$dir.log"; fail "build against flashtile::$target"; }
   # The shared target must load the installed libflashtile.so; the static ones must not need it.
-  if ldd "$dir/consumer" | grep -q 'libflashtile\.so'; then linked=shared; else linked=static; fi
+  if ldd "$dir/consumer" | grep 'libflashtile\.so' >/dev/null; then linked=shared; else linked=static; fi
   want=static; [ "$target" = flashtile_shared ] && want=shared
   [ "$linked" = "$want" ] || fail "flashtile::$target gave a $linked link, expected $want"
   echo "--- flashtile::$target ($linked library)"
@@ -43,7 +43,7 @@ done
 
 # Whether the build has CUDA, from the installed library itself (not from the package config under test).
 with_cuda=OFF
-if nm -C --defined-only "$prefix/$libdir/libflashtile.a" 2>/dev/null | grep -q 'register_cuda_backends'; then
+if nm -C --defined-only "$prefix/$libdir/libflashtile.a" 2>/dev/null | grep 'register_cuda_backends' >/dev/null; then
   with_cuda=ON
 fi
 dir=$tmp/consumer-cuda
@@ -52,7 +52,7 @@ if cmake -S tests/consumer -B "$dir" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" -DFL
   echo "find_package(flashtile COMPONENTS CUDA): found (the build has CUDA)"
 else
   [ "$with_cuda" = OFF ] || { cat "$dir.log"; fail "COMPONENTS CUDA not found in a build with CUDA"; }
-  tr -s ' \n' '  ' <"$dir.log" | grep -q "built without its CUDA backend" || { cat "$dir.log"; fail "no clear message for COMPONENTS CUDA"; }
+  tr -s ' \n' '  ' <"$dir.log" | grep "built without its CUDA backend" >/dev/null || { cat "$dir.log"; fail "no clear message for COMPONENTS CUDA"; }
   echo "find_package(flashtile COMPONENTS CUDA): refused with a message (the build has no CUDA)"
 fi
 echo "consumer_check.sh: PASS"
