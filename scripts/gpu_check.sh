@@ -89,7 +89,7 @@ if [[ $PY == 1 ]]; then
     && note "PYTHON: package installed in $(( $(date +%s) - t0 )) s" || note "PYTHON: pip install failed (see build.log)"
 fi
 
-CAPI=$ROOT/$BUILD/src/cuda/libflashtile_capi.so
+CAPI=$ROOT/$BUILD/src/libflashtile_capi.so
 export FLASHTILE_CAPI=$CAPI PYTHONUNBUFFERED=1
 
 # --- GPU tests --------------------------------------------------------------------------------------------

@@ -117,7 +117,13 @@ int run_demo() {
   return all_within ? 0 : 1;
 }
 
-int run_info() {
+int run_info(const std::vector<std::string>& flags) {
+  // --isa-paths: the CPU ISA paths runnable here, one per line and nothing else (scripts/test.sh reads it).
+  if (flags.size() == 1 && flags[0] == "--isa-paths") {
+    for (const std::string& i : cpu_isa_paths()) std::printf("%s\n", i.c_str());
+    return 0;
+  }
+  if (!flags.empty()) throw flashtile::InvalidArgument("info takes no flags or --isa-paths alone, got '" + flags[0] + "'");
   std::printf("backends (auto priority order):");
   for (const std::string& b : backend_names()) std::printf(" %s", b.c_str());
   std::printf("\ncpu isa paths runnable here:");

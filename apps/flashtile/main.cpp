@@ -20,7 +20,7 @@ int main(int argc, char** argv) {
       if (!rest.empty()) throw flashtile::InvalidArgument("demo takes no flags; use check or bench for other shapes");
       return run_demo();
     }
-    if (args[0] == "info") return run_info();
+    if (args[0] == "info") return run_info(rest);
     if (args[0] == "check") return run_check(parse_args(rest));
     if (args[0] == "bench") return run_bench(parse_args(rest));
     throw flashtile::InvalidArgument("unknown command '" + args[0] + "'\n" + usage());

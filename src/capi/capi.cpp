@@ -1,0 +1,128 @@
+// The C ABI of include/flashtile/capi.h over flashtile::forward / backward. Integer arguments are
+// range-checked here, before they become C++ enums or bools: a cast of an out-of-range value to DType would
+// be a value no switch expects.
+#include "flashtile/capi.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "flashtile/flashtile.h"
+
+namespace {
+
+static_assert(FT_DTYPE_FLOAT32 == static_cast<int>(flashtile::DType::float32));
+static_assert(FT_DTYPE_FLOAT16 == static_cast<int>(flashtile::DType::float16));
+static_assert(FT_DTYPE_BFLOAT16 == static_cast<int>(flashtile::DType::bfloat16));
+static_assert(FT_ERR_INVALID_ARGUMENT == 1 + static_cast<int>(flashtile::ErrorCode::invalid_argument));
+static_assert(FT_ERR_DTYPE == 1 + static_cast<int>(flashtile::ErrorCode::dtype));
+static_assert(FT_ERR_DEVICE == 1 + static_cast<int>(flashtile::ErrorCode::device));
+static_assert(FT_ERR_UNSUPPORTED == 1 + static_cast<int>(flashtile::ErrorCode::unsupported));
+static_assert(FT_ERR_BACKEND == 1 + static_cast<int>(flashtile::ErrorCode::backend));
+
+using flashtile::InvalidArgument;
+
+flashtile::DType checked_dtype(int dtype) {
+  if (dtype < FT_DTYPE_FLOAT32 || dtype > FT_DTYPE_BFLOAT16)
+    throw InvalidArgument("dtype: expected 0 (float32), 1 (float16) or 2 (bfloat16), got " + std::to_string(dtype));
+  return static_cast<flashtile::DType>(dtype);
+}
+
+void check_device(int device) {
+  if (device < FT_DEVICE_HOST)
+    throw InvalidArgument("device: expected -1 (host memory) or a CUDA device index >= 0, got " +
+                          std::to_string(device));
+}
+
+bool checked_flag(const char* name, int value) {
+  if (value != 0 && value != 1)
+    throw InvalidArgument(std::string(name) + ": expected 0 or 1, got " + std::to_string(value));
+  return value == 1;
+}
+
+flashtile::TensorView view(const char* name, const ft_tensor* t, flashtile::DType dtype, int device) {
+  if (t == nullptr) throw InvalidArgument(std::string(name) + ": expected a tensor, got NULL");
+  if (t->rank < 0 || t->rank > 4)
+    throw InvalidArgument(std::string(name) + ": rank must be 0..4, got " + std::to_string(t->rank));
+  flashtile::TensorView v;
+  v.data = t->data;
+  v.dtype = dtype;
+  v.device = device == FT_DEVICE_HOST ? flashtile::Device::cpu : flashtile::Device::cuda;
+  v.device_index = device == FT_DEVICE_HOST ? 0 : device;
+  v.rank = t->rank;
+  for (int i = 0; i < t->rank; ++i) {
+    v.shape[static_cast<std::size_t>(i)] = t->shape[i];
+    v.stride[static_cast<std::size_t>(i)] = t->stride[i];
+  }
+  return v;
+}
+
+void put(char* msg, int len, const std::string& s) {
+  if (msg == nullptr || len <= 0) return;
+  const std::size_t n = std::min(s.size(), static_cast<std::size_t>(len - 1));
+  std::memcpy(msg, s.data(), n);
+  msg[n] = '\0';
+}
+
+flashtile::Options options(double scale, bool causal, bool deterministic, const char* backend, bool strict) {
+  flashtile::Options o;
+  if (!std::isnan(scale)) o.softmax_scale = static_cast<float>(scale);
+  o.causal = causal;
+  o.deterministic = deterministic;
+  o.backend = backend != nullptr ? backend : "auto";
+  o.strict = strict;
+  return o;
+}
+
+template <class F>
+int guarded(char* msg, int len, F&& f) {
+  try {
+    put(msg, len, f().to_string());
+    return FT_OK;
+  } catch (const flashtile::Error& e) {
+    put(msg, len, e.what());
+    return 1 + static_cast<int>(e.code());
+  } catch (const std::exception& e) {
+    put(msg, len, e.what());
+    return FT_ERR_OTHER;
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+int ft_forward(const ft_tensor* q, const ft_tensor* k, const ft_tensor* v, const ft_tensor* out, const ft_tensor* lse,
+               int dtype, int device, double scale, int causal, const char* backend, int strict, char* msg,
+               int msg_len) {
+  return guarded(msg, msg_len, [&] {
+    const flashtile::DType t = checked_dtype(dtype);
+    check_device(device);
+    const flashtile::Options o =
+        options(scale, checked_flag("causal", causal), false, backend, checked_flag("strict", strict));
+    return flashtile::forward(view("q", q, t, device), view("k", k, t, device), view("v", v, t, device),
+                              view("out", out, t, device), view("lse", lse, flashtile::DType::float32, device), o);
+  });
+}
+
+int ft_backward(const ft_tensor* q, const ft_tensor* k, const ft_tensor* v, const ft_tensor* out,
+                const ft_tensor* dout, const ft_tensor* lse, const ft_tensor* dq, const ft_tensor* dk,
+                const ft_tensor* dv, int dtype, int device, double scale, int causal, int deterministic,
+                const char* backend, int strict, char* msg, int msg_len) {
+  return guarded(msg, msg_len, [&] {
+    const flashtile::DType t = checked_dtype(dtype);
+    check_device(device);
+    const flashtile::Options o = options(scale, checked_flag("causal", causal),
+                                         checked_flag("deterministic", deterministic), backend,
+                                         checked_flag("strict", strict));
+    return flashtile::backward(view("q", q, t, device), view("k", k, t, device), view("v", v, t, device),
+                               view("out", out, t, device), view("dout", dout, t, device),
+                               view("lse", lse, flashtile::DType::float32, device), view("dq", dq, t, device),
+                               view("dk", dk, t, device), view("dv", dv, t, device), o);
+  });
+}
+
+}  // extern "C"
