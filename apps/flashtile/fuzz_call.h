@@ -86,7 +86,8 @@ struct Skips {
   bool misaligned = true;       // misaligned data pointers: accepted, then loaded as aligned (UBSan)
   bool rank_above_4 = true;     // TensorView::rank > 4: validation reads shape[4..] to format its message (UBSan)
   bool empty_q_heads_bwd = true;  // backward with Hq = 0 < Hkv: dK, dV left unwritten
-  bool bf16_causal_scale_le0 = true;  // bf16 causal forward with scale <= 0 on the bf16-pair / AMX kernels: LSE +inf, O NaN
+  bool stride_int64_max = true;  // a stride of INT64_MAX on a dim of size 2: validation computes max_off + 1 (UBSan)
+  bool bf16_pair_scale = true;  // bf16 forward on the bf16-pair / AMX kernels with scale <= 0 or >= 1e10: LSE +-inf or NaN, O NaN
 };
 
 // `backends` is flashtile::backend_names(), `isa_paths` flashtile::cpu_isa_paths(); `max_seqlen` bounds Sq, Sk.

@@ -170,6 +170,8 @@ StdBackward standard_backward(const Problem& pr) {
   if (pr.k.h == 0) return g;
   const DType t = pr.dtype;
   const std::int64_t nh = pr.q.h, group = nh / pr.k.h, d = pr.q.d, dv = pr.v.d;
+  std::vector<double> abs_sum[3] = {std::vector<double>(g.dq.size()), std::vector<double>(g.dk.size()),
+                                    std::vector<double>(g.dv.size())};
   auto idx = [](const Dense& x, std::int64_t b, std::int64_t s, std::int64_t h) {
     return static_cast<std::size_t>(((b * x.s + s) * x.h + h) * x.d);
   };
@@ -197,12 +199,23 @@ StdBackward standard_backward(const Problem& pr) {
           const double* qi = pr.q.at(b, i, h);
           const double* kj = pr.k.at(b, j, hk);
           for (std::int64_t c = 0; c < d; ++c) {
-            g.dq[idx(pr.q, b, i, h) + static_cast<std::size_t>(c)] += ds * kj[c];
-            g.dk[idx(pr.k, b, j, hk) + static_cast<std::size_t>(c)] += ds * qi[c];
+            const std::size_t iq = idx(pr.q, b, i, h) + static_cast<std::size_t>(c), ik = idx(pr.k, b, j, hk) + static_cast<std::size_t>(c);
+            g.dq[iq] += ds * kj[c];
+            g.dk[ik] += ds * qi[c];
+            abs_sum[0][iq] += std::abs(ds * kj[c]);
+            abs_sum[1][ik] += std::abs(ds * qi[c]);
           }
-          for (std::int64_t c = 0; c < dv; ++c) g.dv[idx(pr.v, b, j, hk) + static_cast<std::size_t>(c)] += r.p[jj] * gi[c];
+          for (std::int64_t c = 0; c < dv; ++c) {
+            const std::size_t iv = idx(pr.v, b, j, hk) + static_cast<std::size_t>(c);
+            g.dv[iv] += r.p[jj] * gi[c];
+            abs_sum[2][iv] += std::abs(r.p[jj] * gi[c]);
+          }
         }
       }
+  for (int n = 0; n < 3; ++n) {
+    for (double e : abs_sum[n])
+      if (std::isfinite(e)) g.abs_sum[n] = std::max(g.abs_sum[n], e);
+  }
   for (auto* x : {&g.dq, &g.dk, &g.dv})
     for (double& e : *x) e = rd(t, static_cast<float>(e));
   return g;

@@ -47,6 +47,9 @@ StdForward standard_forward(const Problem& p, const std::vector<std::int64_t>& r
 struct StdBackward {
   std::vector<double> dq, dk, dv;
   double score_scale = 0;
+  // Largest sum of |terms| of one gradient element, for dq, dk, dv (sum_j |dS_ij k_j| * |scale|, ...): a
+  // gradient that cancels to a small value still carries the rounding of the terms it was summed from.
+  double abs_sum[3] = {0, 0, 0};
 };
 StdBackward standard_backward(const Problem& p);
 
