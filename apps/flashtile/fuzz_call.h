@@ -66,6 +66,8 @@ struct Call {
   std::vector<Special> specials;
   std::vector<Fault> faults;       // injected and not vacuous
   bool neg_inf_row = false;        // a row built so that every visible score is -inf
+  bool neg_row_alone = false;      // ... and no other special value in the inputs
+  std::array<std::int64_t, 3> neg_row{};  // its (batch, query row, head)
   std::uint64_t data_seed = 0;
 
   bool is_backward() const { return op == Op::backward || op == Op::explain_backward; }
@@ -76,6 +78,7 @@ struct Call {
 struct Expect {
   unsigned error_classes = 0;  // bit (1 << ErrorCode): a validation fault must raise one of these
   bool may_succeed = false;    // a fault the API does not document (misaligned pointers): success is fine too
+  unsigned tolerated = 0;      // further error classes accepted but not required
   bool nothing_runs = false;   // no backend can run it: forward/backward UnsupportedError, explain an empty report
   std::string backend;         // the backend that must run when the call succeeds
 };
@@ -87,6 +90,7 @@ struct Skips {
   bool rank_above_4 = true;     // TensorView::rank > 4: validation reads shape[4..] to format its message (UBSan)
   bool empty_q_heads_bwd = true;  // backward with Hq = 0 < Hkv: dK, dV left unwritten
   bool stride_int64_max = true;  // a stride of INT64_MAX on a dim of size 2: validation computes max_off + 1 (UBSan)
+  bool neg_row_semantics = true;  // checking such a row against the README's O = 0, LSE = -inf (kernels and oracle give NaN)
   bool bf16_pair_scale = true;  // bf16 forward on the bf16-pair / AMX kernels with scale <= 0 or >= 1e10: LSE +-inf or NaN, O NaN
 };
 
