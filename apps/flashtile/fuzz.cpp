@@ -1,8 +1,5 @@
-// flashtile fuzz: runs generated calls (fuzz_call.cpp) against the library and judges every answer.
-// Memory: each tensor lives in its own heap block with guard zones (poisoned under ASan, checked
-// byte by byte otherwise); input padding holds quiet NaNs (a kernel that reads padding shows it), output
-// elements start as a signalling-NaN sentinel that no arithmetic produces (an element left unwritten
-// shows it). After each call: guards intact, inputs unchanged, a refused call or explain changed no
+// flashtile fuzz: runs generated calls (fuzz_call.cpp) in guarded memory (fuzz_memory.h) and judges
+// every answer. After each call: guards intact, inputs unchanged, a refused call or explain changed no
 // byte, a successful call wrote every output element and no padding byte, its results agree with the
 // oracle (fuzz_check.h), and a second run gives the same bytes (the CPU paths are deterministic).
 #include "fuzz.h"
@@ -27,12 +24,10 @@
 #include "fuzz_call.h"
 #include "fuzz_check.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#include <sanitizer/asan_interface.h>
+#include "fuzz_memory.h"
+
+#if FT_FUZZ_ASAN
 #include <sanitizer/common_interface_defs.h>
-#define FT_FUZZ_ASAN 1
-#else
-#define FT_FUZZ_ASAN 0
 #endif
 
 #if FT_FUZZ_ASAN
@@ -48,177 +43,9 @@ namespace flashtile::app {
 namespace {
 using namespace fuzz;
 
-constexpr std::size_t kGuard = 64;
-constexpr unsigned char kGuardByte = 0xA7;
-
-class Block {
- public:
-  explicit Block(std::size_t n) : n_(n), mem_(n + 2 * kGuard, kGuardByte) { poison(true); }
-  ~Block() { poison(false); }
-  Block(const Block&) = delete;
-  Block& operator=(const Block&) = delete;
-  unsigned char* data() { return mem_.data() + kGuard; }
-  std::size_t size() const { return n_; }
-  std::vector<unsigned char> bytes() const { return {mem_.begin() + kGuard, mem_.begin() + static_cast<std::ptrdiff_t>(kGuard + n_)}; }
-  void restore(const std::vector<unsigned char>& b) { std::memcpy(data(), b.data(), n_); }
-  bool guards_intact() const {
-    if (FT_FUZZ_ASAN) return true;  // ASan reports any access to them
-    for (std::size_t i = 0; i < kGuard; ++i)
-      if (mem_[i] != kGuardByte || mem_[kGuard + n_ + i] != kGuardByte) return false;
-    return true;
-  }
-
- private:
-  void poison([[maybe_unused]] bool on) {
-#if FT_FUZZ_ASAN
-    if (on) {
-      ASAN_POISON_MEMORY_REGION(mem_.data(), kGuard);
-      ASAN_POISON_MEMORY_REGION(mem_.data() + kGuard + n_, kGuard);
-    } else {
-      ASAN_UNPOISON_MEMORY_REGION(mem_.data(), mem_.size());
-    }
-#endif
-  }
-  std::size_t n_;
-  std::vector<unsigned char> mem_;
-};
-
-// Bit patterns of one element: quiet NaN (input padding) and a signalling NaN (unwritten output).
-std::uint32_t pattern(DType t, bool sentinel) {
-  if (t == DType::float32) return sentinel ? 0x7FA5A5A5u : 0x7FC00000u;
-  if (t == DType::float16) return sentinel ? 0x7D5Au : 0x7E00u;
-  return sentinel ? 0x7F9Bu : 0x7FC0u;
-}
-
-void write_elem(unsigned char* p, DType t, double x) {
-  const float f = static_cast<float>(x);
-  if (t == DType::float32) {
-    std::memcpy(p, &f, 4);
-  } else if (t == DType::float16) {
-    const _Float16 h = static_cast<_Float16>(f);
-    std::memcpy(p, &h, 2);
-  } else {
-    std::uint32_t u = std::bit_cast<std::uint32_t>(f);
-    u = std::isnan(f) ? (u | 0x400000u) : u + 0x7fffu + ((u >> 16) & 1u);
-    const auto b = static_cast<std::uint16_t>(u >> 16);
-    std::memcpy(p, &b, 2);
-  }
-}
-
-// Byte offsets of the elements of a spec, in logical row-major order.
-std::vector<std::size_t> element_offsets(const TensorSpec& s) {
-  std::vector<std::size_t> out;
-  if (s.numel() <= 0) return out;
-  out.reserve(static_cast<std::size_t>(s.numel()));
-  std::array<std::int64_t, 4> sh{1, 1, 1, 1}, st{0, 0, 0, 0};
-  for (int i = 0; i < s.rank; ++i) {
-    sh[static_cast<std::size_t>(4 - s.rank + i)] = s.shape[static_cast<std::size_t>(i)];
-    st[static_cast<std::size_t>(4 - s.rank + i)] = s.stride[static_cast<std::size_t>(i)];
-  }
-  const auto es = static_cast<std::int64_t>(dtype_size(s.dtype));
-  for (std::int64_t a = 0; a < sh[0]; ++a)
-    for (std::int64_t b = 0; b < sh[1]; ++b)
-      for (std::int64_t c = 0; c < sh[2]; ++c)
-        for (std::int64_t d = 0; d < sh[3]; ++d)
-          out.push_back(s.offset + static_cast<std::size_t>((a * st[0] + b * st[1] + c * st[2] + d * st[3]) * es));
-  return out;
-}
-
-// Roughly N(0, 1) (Irwin-Hall of four uniforms, |x| < 3.5): data for the calls, ten times cheaper than
-// std::normal_distribution and no less good at finding bugs.
-double normal(std::mt19937_64& rng) {
-  const std::uint64_t x = rng();
-  double s = 0;
-  for (int i = 0; i < 4; ++i) s += static_cast<double>((x >> (16 * i)) & 0xffff) / 65536.0;
-  return (s - 2.0) * 1.7320508075688772;
-}
-
 struct Failure {
   std::string what;
-};
-
-// The memory and views of one call.
-struct Arena {
-  std::vector<std::unique_ptr<Block>> blocks;
-  std::array<int, kArgs> block_of{};
-  std::array<std::vector<std::size_t>, kArgs> elems;  // element_offsets of each argument
-  std::array<TensorView, kArgs> view{};    // as passed to the call (mutations applied)
-  std::array<TensorView, kArgs> clean{};   // before the mutations, for reading results
-
-  Arena(const Call& c, std::mt19937_64& rng) {
-    block_of.fill(-1);
-    for (int a = 0; a < kArgs; ++a) {
-      const TensorSpec& s = c.t[static_cast<std::size_t>(a)];
-      if (!s.used || s.host >= 0) continue;
-      std::size_t n = s.offset + s.span_bytes();
-      for (const TensorSpec& g : c.t)
-        if (g.used && g.host == a) n = std::max(n, g.offset + g.span_bytes());
-      block_of[static_cast<std::size_t>(a)] = static_cast<int>(blocks.size());
-      blocks.push_back(std::make_unique<Block>(std::max<std::size_t>(n, 16)));
-      fill_block(*blocks.back(), s.dtype, !s.input);
-    }
-    for (int a = 0; a < kArgs; ++a) {
-      const TensorSpec& s = c.t[static_cast<std::size_t>(a)];
-      if (!s.used) continue;
-      elems[static_cast<std::size_t>(a)] = element_offsets(s);
-      if (s.host >= 0) block_of[static_cast<std::size_t>(a)] = block_of[static_cast<std::size_t>(s.host)];
-      unsigned char* base = blocks[static_cast<std::size_t>(block_of[static_cast<std::size_t>(a)])]->data();
-      if (s.host < 0) {  // an alias keeps its host's bytes
-        const bool sentinel = !s.input || (c.is_backward() && (a == OUT || a == LSE));
-        for (std::size_t off : elems[static_cast<std::size_t>(a)]) {
-          if (sentinel) write_bits(base + off, s.dtype, pattern(s.dtype, true));
-          else write_elem(base + off, s.dtype, normal(rng));
-        }
-      }
-      TensorView& v = clean[static_cast<std::size_t>(a)];
-      if (s.rank == 4)
-        v = make_view(base + s.offset, s.dtype, {s.shape[0], s.shape[1], s.shape[2], s.shape[3]},
-                      {s.stride[0], s.stride[1], s.stride[2], s.stride[3]});
-      else
-        v = make_view(base + s.offset, s.dtype, {s.shape[0], s.shape[1], s.shape[2]}, {s.stride[0], s.stride[1], s.stride[2]});
-      if (s.numel() == 0 && rng() % 4 == 0) v.data = nullptr;  // allowed: no element to point at
-    }
-    for (const Special& sp : c.specials) {
-      const auto& offs = elems[static_cast<std::size_t>(sp.arg)];
-      write_elem(blocks[static_cast<std::size_t>(block_of[static_cast<std::size_t>(sp.arg)])]->data() + offs[static_cast<std::size_t>(sp.flat)],
-                 c.t[static_cast<std::size_t>(sp.arg)].dtype, sp.value);
-    }
-    view = clean;
-    for (const Mutation& m : c.mutations)
-      for (int a = 0; a < kArgs; ++a) {
-        if (!c.t[static_cast<std::size_t>(a)].used || (m.arg >= 0 && m.arg != a)) continue;
-        TensorView& v = view[static_cast<std::size_t>(a)];
-        switch (m.kind) {
-          case Mutation::shape: v.shape[static_cast<std::size_t>(m.dim)] = m.value; break;
-          case Mutation::stride: v.stride[static_cast<std::size_t>(m.dim)] = m.value; break;
-          case Mutation::rank: v.rank = static_cast<int>(m.value); break;
-          case Mutation::device: v.device = Device::cuda; break;
-          case Mutation::device_index: v.device_index = static_cast<int>(m.value); break;
-          case Mutation::null_data: v.data = nullptr; break;
-        }
-      }
-  }
-  static void write_bits(unsigned char* p, DType t, std::uint32_t bits) {
-    if (t == DType::float32) std::memcpy(p, &bits, 4);
-    else {
-      const auto h = static_cast<std::uint16_t>(bits);
-      std::memcpy(p, &h, 2);
-    }
-  }
-  static void fill_block(Block& b, DType t, bool sentinel) {
-    const std::size_t es = dtype_size(t);
-    for (std::size_t i = 0; i + es <= b.size(); i += es) write_bits(b.data() + i, t, pattern(t, sentinel));
-  }
-  std::vector<std::vector<unsigned char>> snapshot() const {
-    std::vector<std::vector<unsigned char>> s;
-    for (const auto& b : blocks) s.push_back(b->bytes());
-    return s;
-  }
-  std::vector<int> output_blocks(const Call& c) const {
-    std::vector<int> v;
-    for (int a : c.is_backward() ? std::vector<int>{DQ, DK, DV} : std::vector<int>{OUT, LSE}) v.push_back(block_of[static_cast<std::size_t>(a)]);
-    return v;
-  }
+  bool mismatch = false;  // a wrong result (as opposed to a wrong error, a changed buffer, ...)
 };
 
 const char* code_name(int code) {
@@ -290,9 +117,18 @@ void require(bool ok, const char* what) {
   if (!ok) throw Failure{what};
 }
 
+// The call that came closest to its tolerance: a fuzzer whose errors all sit far below it tests little.
+struct Closest {
+  double ratio = 0;  // max error / tolerance
+  std::uint64_t call = 0;
+  std::string what;
+} g_closest;
+std::uint64_t g_call = 0;
+
 void require(const Verdict& v, std::int64_t& precision_limited) {
   precision_limited += v.precision_limited;
-  if (!v.ok) throw Failure{"result differs from the float64 oracle: " + v.detail};
+  if (v.tol > 0 && v.err / v.tol > g_closest.ratio) g_closest = {v.err / v.tol, g_call, v.name};
+  if (!v.ok) throw Failure{"result differs from the float64 oracle: " + v.detail, true};
 }
 
 // The semantics (README) of a row whose visible scores are all -inf: O = 0, LSE = -inf, dQ = 0. Checked on
@@ -303,7 +139,7 @@ void check_neg_row(const Call& c, const char* who, const std::vector<double>& x,
     if (x[at + static_cast<std::size_t>(e)] != want)
       throw Failure{std::string(who) + ": row " + std::to_string(c.neg_row[1]) + " of head " + std::to_string(c.neg_row[2]) +
                     " sees only -inf scores, so " + (lse ? "its LSE must be -inf" : "its output must be 0") + "; got " +
-                    std::to_string(x[at + static_cast<std::size_t>(e)])};
+                    std::to_string(x[at + static_cast<std::size_t>(e)]), true};
   }
 }
 
@@ -378,7 +214,7 @@ void setup_backward(const Call& c, Arena& m, std::mt19937_64& rng) {
 }
 
 struct Stats {
-  std::uint64_t calls = 0, ok = 0, explain_ok = 0, explain_none = 0, refused[5] = {}, failures = 0;
+  std::uint64_t calls = 0, ok = 0, explain_ok = 0, explain_none = 0, refused[5] = {}, failures = 0, mismatches = 0;
   std::int64_t precision_limited = 0;
   std::map<std::string, std::uint64_t> buckets;
 };
@@ -565,6 +401,7 @@ int run_fuzz(const std::vector<std::string>& argv) {
                   "\nflashtile fuzz: CRASH in call %llu (seed %llu); replay: flashtile fuzz --calls 1 --seed %llu --skip %llu --verbose\n",
                   static_cast<unsigned long long>(k), static_cast<unsigned long long>(a.seed),
                   static_cast<unsigned long long>(a.seed), static_cast<unsigned long long>(k));
+    g_call = k;
     const Call c = generate(a.seed, k, a.max_seqlen, backends, isa_paths, default_isa, a.skips);
     const Expect e = expect(c, backends);
     if (c.isa) setenv("FLASHTILE_CPU_ISA", c.isa->c_str(), 1);
@@ -575,15 +412,18 @@ int run_fuzz(const std::vector<std::string>& argv) {
     std::mt19937_64 rng(c.data_seed);
     ++st.calls;
     try {
+      const std::int64_t limited = st.precision_limited;
       std::string bucket = run_call(c, e, a.skips, st, rng);
-      std::string faults;
-      for (Fault f : c.faults) faults += std::string(faults.empty() ? "" : "+") + fault_name(f);
-      bucket += "|" + std::string(dtype_name(c.dtype)) + "|" + (faults.empty() ? "valid" : faults);
+      bucket.append("|").append(dtype_name(c.dtype)).append("|");
+      if (c.faults.empty()) bucket.append("valid");
+      for (std::size_t i = 0; i < c.faults.size(); ++i) bucket.append(i ? "+" : "").append(fault_name(c.faults[i]));
       if (!c.specials.empty()) bucket += c.neg_inf_row ? "|neg-inf-row" : "|special-values";
+      if (st.precision_limited > limited) bucket += "|precision-limited";
       ++st.buckets[bucket];
       if (a.verbose) std::printf("  -> %s\n", bucket.c_str());
     } catch (const Failure& f) {
       ++st.failures;
+      st.mismatches += f.mismatch ? 1 : 0;
       std::printf("\nFAIL: call %llu (seed %llu): %s\n  call: %s\n  replay: flashtile fuzz --calls 1 --seed %llu --skip %llu --verbose\n",
                   static_cast<unsigned long long>(k), static_cast<unsigned long long>(a.seed), f.what.c_str(),
                   c.describe().c_str(), static_cast<unsigned long long>(a.seed), static_cast<unsigned long long>(k));
@@ -612,7 +452,10 @@ int run_fuzz(const std::vector<std::string>& argv) {
   for (int i = 0; i < 5; ++i) std::printf(" %s %llu", code_name(i), static_cast<unsigned long long>(st.refused[i]));
   std::printf("\nnon-finite results shared with standard attention in the same precision: %lld elements\n",
               static_cast<long long>(st.precision_limited));
-  std::printf("failures (crashes, wrong results, wrong errors, modified buffers): %llu\nwall time %.1f s (%.3f ms per call), seed %llu\n",
+  std::printf("closest to its tolerance: %s of call %llu at %.3f of the tolerance\n", g_closest.what.c_str(),
+              static_cast<unsigned long long>(g_closest.call), g_closest.ratio);
+  std::printf("mismatches (wrong results): %llu\n", static_cast<unsigned long long>(st.mismatches));
+  std::printf("failures (wrong results, wrong errors, modified buffers; a crash ends the run): %llu\nwall time %.1f s (%.3f ms per call), seed %llu\n",
               static_cast<unsigned long long>(st.failures), secs, 1e3 * secs / static_cast<double>(std::max<std::uint64_t>(st.calls, 1)),
               static_cast<unsigned long long>(a.seed));
   return st.failures == 0 ? 0 : 1;

@@ -215,7 +215,7 @@ bool inject(Fault f, Call& c, Rng& r, const std::vector<std::string>& backends, 
       const TensorSpec& hs = t[static_cast<std::size_t>(h)];
       const auto es = dtype_size(s.dtype);
       s.host = h;
-      s.offset = hs.offset + (r.chance(50) ? 0 : static_cast<std::size_t>(r.u(static_cast<std::int64_t>(hs.span_bytes() / es))) * es);
+      s.offset = hs.offset + (r.chance(50) ? 0 : static_cast<std::size_t>(r.u(std::max<std::int64_t>(static_cast<std::int64_t>(hs.span_bytes() / es), 1))) * es);
       return true;
     }
     case Fault::threads:
@@ -312,7 +312,8 @@ Call generate(std::uint64_t seed, std::uint64_t index, std::int64_t max_seqlen, 
   const auto nf = r.u(100) < 62 ? 0 : r.chance(82) ? 1 : 2;
   for (int i = 0; i < nf; ++i) {
     const auto f = static_cast<Fault>(r.u(static_cast<std::int64_t>(Fault::kCount)));
-    if (f == Fault::head_dim || f == Fault::gqa) continue;
+    if (f == Fault::head_dim || f == Fault::gqa || std::find(c.faults.begin(), c.faults.end(), f) != c.faults.end())
+      continue;  // natural faults are set above; a fault twice could undo itself (+1 then -1)
     const bool device_fault = f == Fault::device || f == Fault::all_cuda;  // together they could cancel out
     if (device_fault && std::count_if(c.faults.begin(), c.faults.end(), [](Fault g) { return g == Fault::device || g == Fault::all_cuda; }))
       continue;

@@ -184,26 +184,35 @@ StdBackward standard_backward(const Problem& pr) {
         const double* gi = pr.dout.at(b, i, h);
         // O in the dtype, then delta = rowsum(dO ∘ O) in float32, as autograd computes it.
         float delta = 0.0f;
+        double delta_terms = 0.0;  // sum_c |dO_c O_c|
         for (std::int64_t c = 0; c < dv; ++c) {
           float o = 0.0f;
           for (std::size_t j = 0; j < r.p.size(); ++j)
             o += r.p[j] * static_cast<float>(pr.v.at(b, static_cast<std::int64_t>(j), hk)[c]);
           delta += static_cast<float>(gi[c] * rd(t, o));
+          delta_terms += std::abs(gi[c] * rd(t, o));
         }
         for (std::size_t jj = 0; jj < r.p.size(); ++jj) {
           const auto j = static_cast<std::int64_t>(jj);
           const double* vj = pr.v.at(b, j, hk);
           float dp = 0.0f;
-          for (std::int64_t c = 0; c < dv; ++c) dp += static_cast<float>(gi[c] * vj[c]);
+          double dp_terms = 0.0;
+          for (std::int64_t c = 0; c < dv; ++c) {
+            dp += static_cast<float>(gi[c] * vj[c]);
+            dp_terms += std::abs(gi[c] * vj[c]);
+          }
           const float ds = rd(t, r.p[jj] * (rd(t, dp) - delta)) * pr.scale;
+          // dS = P (dP - delta) cancels (to exactly 0 under a one-hot softmax); its rounding is that of the
+          // products summed into dP and delta: |scale| P (sum |dO_c v_c| + sum |dO_c O_c|).
+          const double ds_terms = std::abs(static_cast<double>(pr.scale)) * r.p[jj] * (dp_terms + delta_terms);
           const double* qi = pr.q.at(b, i, h);
           const double* kj = pr.k.at(b, j, hk);
           for (std::int64_t c = 0; c < d; ++c) {
             const std::size_t iq = idx(pr.q, b, i, h) + static_cast<std::size_t>(c), ik = idx(pr.k, b, j, hk) + static_cast<std::size_t>(c);
             g.dq[iq] += ds * kj[c];
             g.dk[ik] += ds * qi[c];
-            abs_sum[0][iq] += std::abs(ds * kj[c]);
-            abs_sum[1][ik] += std::abs(ds * qi[c]);
+            abs_sum[0][iq] += ds_terms * std::abs(kj[c]);
+            abs_sum[1][ik] += ds_terms * std::abs(qi[c]);
           }
           for (std::int64_t c = 0; c < dv; ++c) {
             const std::size_t iv = idx(pr.v, b, j, hk) + static_cast<std::size_t>(c);
@@ -244,6 +253,7 @@ Verdict compare(const char* name, const std::vector<double>& got, const std::vec
                             : storage == DType::bfloat16 ? 3.3895313892515355e38
                                                          : static_cast<double>(std::numeric_limits<float>::max());
   Verdict v;
+  v.name = name;
   std::ostringstream s;
   if (got.size() != ref.size() || standard.size() != ref.size()) {
     v.ok = false;

@@ -47,8 +47,10 @@ StdForward standard_forward(const Problem& p, const std::vector<std::int64_t>& r
 struct StdBackward {
   std::vector<double> dq, dk, dv;
   double score_scale = 0;
-  // Largest sum of |terms| of one gradient element, for dq, dk, dv (sum_j |dS_ij k_j| * |scale|, ...): a
-  // gradient that cancels to a small value still carries the rounding of the terms it was summed from.
+  // Largest sum of |terms| of one gradient element, for dq, dk, dv (dq_i: |scale| sum_j P_ij (sum_c |dO_ic
+  // v_jc| + sum_c |dO_ic O_ic|) |k_j|, dk likewise with q, dv_j: sum_i P_ij |dO_i|): a gradient that cancels
+  // to a small value (or to 0 under a one-hot softmax) still carries the rounding of the terms it was made
+  // from, as a dot product carries that of its products.
   double abs_sum[3] = {0, 0, 0};
 };
 StdBackward standard_backward(const Problem& p);
@@ -60,6 +62,7 @@ StdBackward standard_backward(const Problem& p);
 // standard attention in the same precision departs from the oracle the same way (counted apart), and an
 // infinity where the oracle's value is within tolerance of the largest finite value of `storage`.
 struct Verdict {
+  std::string name;
   bool ok = true;
   double err = 0, tol = 0, std_err = 0;
   std::int64_t precision_limited = 0;  // non-finite results that standard attention shares
