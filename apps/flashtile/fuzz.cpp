@@ -66,10 +66,10 @@ Outcome typed(const Error& e, ErrorCode want) {
 }
 
 // Calls the API; a failure unless it returned or threw one of the documented subclasses.
-Outcome call_api(const Call& c, const std::array<TensorView, kArgs>& v, const Options& o) {
+Outcome call_api(Op op, const std::array<TensorView, kArgs>& v, const Options& o) {
   Outcome r;
   try {
-    switch (c.op) {
+    switch (op) {
       case Op::forward: r.report = forward(v[Q], v[K], v[V], v[OUT], v[LSE], o); break;
       case Op::explain_forward: r.report = explain_forward(v[Q], v[K], v[V], v[OUT], v[LSE], o); break;
       case Op::backward: r.report = backward(v[Q], v[K], v[V], v[OUT], v[DOUT], v[LSE], v[DQ], v[DK], v[DV], o); break;
@@ -247,9 +247,24 @@ std::string run_call(const Call& c, const Expect& e, const Skips& skips, Stats& 
   Arena m(c, rng);
   if (c.is_backward()) setup_backward(c, m, rng);
   const auto before = m.snapshot();
-  r = call_api(c, m.view, c.options);
-  for (const auto& b : m.blocks) require(b->guards_intact(), "a guard byte around a buffer was overwritten");
   const bool run_op = c.op == Op::forward || c.op == Op::backward;
+  // One run in four is explained first: explain must touch nothing and foretell the call's answer.
+  const bool explained = run_op && g_call % 4 == 0;
+  Outcome ex;
+  if (explained) {
+    ex = call_api(c.op == Op::forward ? Op::explain_forward : Op::explain_backward, m.view, c.options);
+    require(m.snapshot() == before, "explain modified memory");
+  }
+  r = call_api(c.op, m.view, c.options);
+  for (const auto& b : m.blocks) require(b->guards_intact(), "a guard byte around a buffer was overwritten");
+  if (explained) {
+    const bool same = ex.code >= 0                      ? r.code == ex.code
+                      : ex.report.ran.backend.empty() ? r.code == static_cast<int>(ErrorCode::unsupported)
+                                                        : r.code < 0 && r.report.ran.backend == ex.report.ran.backend &&
+                                                              r.report.ran.kernel == ex.report.ran.kernel &&
+                                                              r.report.ran.isa == ex.report.ran.isa;
+    require(same, "explain foretold another answer than the call gave");
+  }
   std::string bucket = std::string(op_name(c.op)) + "|";
   if (r.code >= 0) {
     const bool allowed = ((e.error_classes | e.tolerated) & (1u << r.code)) != 0 || (e.nothing_runs && run_op && r.code == 3);
@@ -296,7 +311,7 @@ std::string run_call(const Call& c, const Expect& e, const Skips& skips, Stats& 
   check_results(c, m, rng, st.precision_limited, !skips.neg_row_semantics);
   if (rng() % 6 == 0) {  // run to run: same bytes
     for (int b : outs) m.blocks[static_cast<std::size_t>(b)]->restore(before[static_cast<std::size_t>(b)]);
-    call_api(c, m.view, c.options);
+    call_api(c.op, m.view, c.options);
     require(m.snapshot() == after, "a second identical call gave different bytes");
   }
   ++st.ok;
@@ -319,8 +334,9 @@ void on_signal(int sig) {
 struct FuzzArgs {
   std::uint64_t calls = 1000, seed = 0, skip = 0;
   std::int64_t max_seqlen = 300;
-  bool verbose = false;
+  bool verbose = false, buckets = false;
   Skips skips;
+  std::string replay_flags;  // the flags that change what is generated, for replay lines
 };
 
 FuzzArgs parse(const std::vector<std::string>& argv) {
@@ -338,9 +354,16 @@ FuzzArgs parse(const std::vector<std::string>& argv) {
     if (f == "--calls") a.calls = num();
     else if (f == "--seed") a.seed = num();
     else if (f == "--skip") a.skip = num();
-    else if (f == "--max-seqlen") a.max_seqlen = static_cast<std::int64_t>(std::max<std::uint64_t>(num(), 1));
+    else if (f == "--max-seqlen") {
+      a.max_seqlen = static_cast<std::int64_t>(std::max<std::uint64_t>(num(), 1));
+      a.replay_flags += " --max-seqlen " + std::to_string(a.max_seqlen);
+    }
     else if (f == "--verbose") a.verbose = true;
-    else if (f == "--no-skips") a.skips = Skips{false, false, false, false, false, false};
+    else if (f == "--buckets") a.buckets = true;
+    else if (f == "--no-skips") {
+      a.skips = Skips{false, false, false, false, false, false};
+      a.replay_flags += " --no-skips";
+    }
     else if (f == "--no-skip") {
       if (i + 1 >= argv.size()) throw InvalidArgument("--no-skip: missing value");
       const std::string& n = argv[++i];
@@ -350,8 +373,9 @@ FuzzArgs parse(const std::vector<std::string>& argv) {
       if (flag == nullptr)
         throw InvalidArgument("--no-skip: expected misaligned, rank, hq0, int64max, negrow or bf16scale, got '" + n + "'");
       *flag = false;
+      a.replay_flags += " --no-skip " + n;
     }
-    else throw InvalidArgument("fuzz: unknown flag '" + f + "'; flags: --calls N --seed S --skip K --max-seqlen N --verbose --no-skips --no-skip NAME");
+    else throw InvalidArgument("fuzz: unknown flag '" + f + "'; flags: --calls N --seed S --skip K --max-seqlen N --verbose --buckets --no-skips --no-skip NAME");
   }
   if (a.seed == 0) {
     std::random_device rd;
@@ -372,7 +396,8 @@ int run_fuzz(const std::vector<std::string>& argv) {
   std::printf("flashtile fuzz: seed %llu, calls %llu..%llu, max seqlen %lld\n", static_cast<unsigned long long>(a.seed),
               static_cast<unsigned long long>(a.skip), static_cast<unsigned long long>(a.skip + a.calls - 1),
               static_cast<long long>(a.max_seqlen));
-  std::printf("  replay one call: flashtile fuzz --calls 1 --seed %llu --skip K --verbose\n", static_cast<unsigned long long>(a.seed));
+  std::printf("  replay one call: flashtile fuzz --calls 1 --seed %llu --skip K --verbose%s\n", static_cast<unsigned long long>(a.seed),
+              a.replay_flags.c_str());
   const struct {
     bool on;
     const char* name;
@@ -398,9 +423,9 @@ int run_fuzz(const std::vector<std::string>& argv) {
   const auto t0 = std::chrono::steady_clock::now();
   for (std::uint64_t k = a.skip; k < a.skip + a.calls; ++k) {
     std::snprintf(g_crash_line, sizeof g_crash_line,
-                  "\nflashtile fuzz: CRASH in call %llu (seed %llu); replay: flashtile fuzz --calls 1 --seed %llu --skip %llu --verbose\n",
+                  "\nflashtile fuzz: CRASH in call %llu (seed %llu); replay: flashtile fuzz --calls 1 --seed %llu --skip %llu --verbose%s\n",
                   static_cast<unsigned long long>(k), static_cast<unsigned long long>(a.seed),
-                  static_cast<unsigned long long>(a.seed), static_cast<unsigned long long>(k));
+                  static_cast<unsigned long long>(a.seed), static_cast<unsigned long long>(k), a.replay_flags.c_str());
     g_call = k;
     const Call c = generate(a.seed, k, a.max_seqlen, backends, isa_paths, default_isa, a.skips);
     const Expect e = expect(c, backends);
@@ -424,9 +449,10 @@ int run_fuzz(const std::vector<std::string>& argv) {
     } catch (const Failure& f) {
       ++st.failures;
       st.mismatches += f.mismatch ? 1 : 0;
-      std::printf("\nFAIL: call %llu (seed %llu): %s\n  call: %s\n  replay: flashtile fuzz --calls 1 --seed %llu --skip %llu --verbose\n",
+      std::printf("\nFAIL: call %llu (seed %llu): %s\n  call: %s\n  replay: flashtile fuzz --calls 1 --seed %llu --skip %llu --verbose%s\n",
                   static_cast<unsigned long long>(k), static_cast<unsigned long long>(a.seed), f.what.c_str(),
-                  c.describe().c_str(), static_cast<unsigned long long>(a.seed), static_cast<unsigned long long>(k));
+                  c.describe().c_str(), static_cast<unsigned long long>(a.seed), static_cast<unsigned long long>(k),
+                  a.replay_flags.c_str());
     }
     if (start_isa.empty()) unsetenv("FLASHTILE_CPU_ISA");
     else setenv("FLASHTILE_CPU_ISA", start_isa.c_str(), 1);
@@ -443,7 +469,7 @@ int run_fuzz(const std::vector<std::string>& argv) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("\nbuckets (operation|outcome|error class or backend|isa|dtype|faults|special values): %zu distinct\n",
               st.buckets.size());
-  if (a.verbose)
+  if (a.verbose || a.buckets)
     for (const auto& [k, n] : st.buckets) std::printf("  %8llu  %s\n", static_cast<unsigned long long>(n), k.c_str());
   std::printf("calls %llu: succeeded %llu (results checked against the oracle), explain ok %llu, explain nothing-runs %llu\n",
               static_cast<unsigned long long>(st.calls), static_cast<unsigned long long>(st.ok),
