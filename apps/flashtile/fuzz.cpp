@@ -5,7 +5,6 @@
 #include "fuzz.h"
 
 #include <algorithm>
-#include <bit>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -14,23 +13,18 @@
 #include <cstring>
 #include <limits>
 #include <map>
-#include <memory>
 #include <random>
-#include <sstream>
 #include <tuple>
 #include <unistd.h>
 
 #include "flashtile/flashtile.h"
 #include "fuzz_call.h"
 #include "fuzz_check.h"
-
 #include "fuzz_memory.h"
 
 #if FT_FUZZ_ASAN
 #include <sanitizer/common_interface_defs.h>
-#endif
 
-#if FT_FUZZ_ASAN
 // UBSan ends a process with _exit and no callback; aborting instead lets the SIGABRT handler name the call.
 extern "C" const char* __ubsan_default_options() { return "abort_on_error=1:print_stacktrace=1"; }
 // Short allocation stacks: recording 30 frames per allocation took a fifth of the run's time.

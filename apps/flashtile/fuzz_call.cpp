@@ -319,8 +319,10 @@ Call generate(std::uint64_t seed, std::uint64_t index, std::int64_t max_seqlen, 
       continue;
     if (inject(f, c, r, backends, skips)) c.faults.push_back(f);
   }
-  // Special values in the inputs; Inf in v or dout only at moderate scales, where no probability of a
-  // visible key underflows to 0 in float32 (0 * Inf would be NaN there and Inf in the float64 oracle).
+  // Special values in the inputs; Inf in v only at moderate scales, where no probability of a visible key
+  // underflows to 0 in float32 (0 * Inf would be NaN there and Inf in the float64 oracle). dout gets NaN
+  // only: with an infinite dO the gradients depend on the formula (delta = rowsum(dO o O) in the kernels,
+  // rowsum(P o dP) in the oracle: +-inf against NaN), and the README does not define them.
   const float scale = o.softmax_scale ? *o.softmax_scale : 1.0f / std::sqrt(static_cast<float>(std::max<std::int64_t>(c.d, 1)));
   const bool moderate = std::abs(scale) <= 2.0f / std::sqrt(static_cast<float>(std::max<std::int64_t>(c.d, 1)));
   if (r.chance(10))
@@ -329,7 +331,7 @@ Call generate(std::uint64_t seed, std::uint64_t index, std::int64_t max_seqlen, 
       const auto ne = c.t[static_cast<std::size_t>(a)].numel();
       if (ne <= 0) continue;
       double val = r.pick({kNaN, kInf, -kInf});
-      if ((a == V || a == DOUT) && !moderate) val = kNaN;
+      if ((a == V && !moderate) || a == DOUT) val = kNaN;
       c.specials.push_back({a, r.u(ne), val});
     }
   if (r.chance(4) && c.faults.empty() && scale > 0 && c.b > 0 && c.sq > 0 && c.sk > 0 && c.hq > 0) {
