@@ -1,4 +1,4 @@
-// The flashtile command line: demo | check | bench.
+// The flashtile command line: demo | info | check | bench | fuzz.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -6,6 +6,7 @@
 #include "args.h"
 #include "commands.h"
 #include "flashtile/errors.h"
+#include "fuzz.h"
 
 int main(int argc, char** argv) {
   using namespace flashtile::app;
@@ -23,6 +24,7 @@ int main(int argc, char** argv) {
     if (args[0] == "info") return run_info(rest);
     if (args[0] == "check") return run_check(parse_args(rest));
     if (args[0] == "bench") return run_bench(parse_args(rest));
+    if (args[0] == "fuzz") return run_fuzz(rest);
     throw flashtile::InvalidArgument("unknown command '" + args[0] + "'\n" + usage());
   } catch (const flashtile::Error& e) {
     std::fprintf(stderr, "flashtile: %s\n", e.what());

@@ -1,0 +1,294 @@
+// The fuzzer's yardstick and its one tolerance rule (see fuzz_check.h).
+#include "fuzz_check.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <sstream>
+
+namespace flashtile::app::fuzz {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// Rounds a float to the dtype (round to nearest even), as a framework storing the tensor does.
+float rd(DType t, float x) {
+  switch (t) {
+    case DType::float16: return static_cast<float>(static_cast<_Float16>(x));
+    case DType::bfloat16: {
+      const std::uint32_t u = std::bit_cast<std::uint32_t>(x);
+      if ((u & 0x7fffffffu) > 0x7f800000u) return x;
+      return std::bit_cast<float>((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
+    }
+    case DType::float32: break;
+  }
+  return x;
+}
+
+// Visible keys of query row i are [0, key_end): the definition (bottom-right causal), written from the
+// README, not taken from the library.
+std::int64_t key_end(std::int64_t i, std::int64_t sq, std::int64_t sk, bool causal) {
+  if (!causal) return sk;
+  return std::clamp<std::int64_t>(i + sk - sq + 1, 0, sk);
+}
+
+// One softmax row of standard attention. Returns false for a row that contributes nothing (no visible
+// key, or every visible score -inf and none NaN); then out = 0 and lse = -inf.
+struct Row {
+  std::vector<float> p;  // rounded probabilities of the visible keys
+  float lse = -kInf;
+  bool active = false;
+};
+
+Row softmax_row(const Problem& pr, std::int64_t b, std::int64_t h, std::int64_t i, double& score_scale) {
+  const DType t = pr.dtype;
+  const std::int64_t group = pr.q.h / pr.k.h, hk = h / group, hi = key_end(i, pr.q.s, pr.k.s, pr.causal);
+  Row r;
+  std::vector<float> s(static_cast<std::size_t>(hi));
+  float m = -kInf;
+  bool nan = false;
+  const double* qi = pr.q.at(b, i, h);
+  for (std::int64_t j = 0; j < hi; ++j) {
+    const double* kj = pr.k.at(b, j, hk);
+    float acc = 0.0f;
+    double mag = 0.0;
+    for (std::int64_t c = 0; c < pr.q.d; ++c) {
+      acc += static_cast<float>(qi[c] * kj[c]);
+      const double a = std::abs(qi[c] * kj[c]);
+      if (std::isfinite(a)) mag += a;
+    }
+    score_scale = std::max(score_scale, std::abs(static_cast<double>(pr.scale)) * mag);
+    const float x = rd(t, acc * pr.scale);
+    s[static_cast<std::size_t>(j)] = x;
+    nan = nan || std::isnan(x);
+    if (!std::isnan(x)) m = std::max(m, x);
+  }
+  if (!nan && m == -kInf) return r;
+  r.active = true;
+  float l = 0.0f;
+  for (float& x : s) l += (x = std::exp(x - m));
+  r.p.resize(s.size());
+  for (std::size_t j = 0; j < s.size(); ++j) r.p[j] = rd(t, s[j] / l);
+  r.lse = m + std::log(l);
+  return r;
+}
+
+}  // namespace
+
+double eps(DType t) {
+  switch (t) {
+    case DType::float16: return std::ldexp(1.0, -10);
+    case DType::bfloat16: return std::ldexp(1.0, -7);
+    case DType::float32: break;
+  }
+  return std::ldexp(1.0, -23);
+}
+
+double read_elem(const TensorView& t, std::int64_t i0, std::int64_t i1, std::int64_t i2, std::int64_t i3) {
+  const std::int64_t off = i0 * t.stride[0] + i1 * t.stride[1] + i2 * t.stride[2] + (t.rank == 4 ? i3 * t.stride[3] : 0);
+  const auto* p = static_cast<const unsigned char*>(t.data) + off * static_cast<std::int64_t>(dtype_size(t.dtype));
+  switch (t.dtype) {
+    case DType::float32: {
+      float x;
+      std::memcpy(&x, p, 4);
+      return x;
+    }
+    case DType::float16: {
+      _Float16 x;
+      std::memcpy(&x, p, 2);
+      return static_cast<double>(x);
+    }
+    case DType::bfloat16: {
+      std::uint16_t u;
+      std::memcpy(&u, p, 2);
+      return std::bit_cast<float>(static_cast<std::uint32_t>(u) << 16);
+    }
+  }
+  return 0;
+}
+
+Dense load(const TensorView& t) {
+  Dense d{t.shape[0], t.shape[1], t.shape[2], t.shape[3], {}};
+  d.x.resize(static_cast<std::size_t>(d.b * d.s * d.h * d.d));
+  std::size_t n = 0;
+  for (std::int64_t b = 0; b < d.b; ++b)
+    for (std::int64_t s = 0; s < d.s; ++s)
+      for (std::int64_t h = 0; h < d.h; ++h)
+        for (std::int64_t c = 0; c < d.d; ++c) d.x[n++] = read_elem(t, b, s, h, c);
+  return d;
+}
+
+std::vector<double> load_rows(const TensorView& t, const std::vector<std::int64_t>& rows) {
+  std::vector<double> out;
+  out.reserve(static_cast<std::size_t>(t.shape[0] * t.shape[2] * t.shape[3]) * rows.size());
+  for (std::int64_t b = 0; b < t.shape[0]; ++b)
+    for (std::int64_t i : rows)
+      for (std::int64_t h = 0; h < t.shape[2]; ++h)
+        for (std::int64_t c = 0; c < t.shape[3]; ++c) out.push_back(read_elem(t, b, i, h, c));
+  return out;
+}
+
+std::vector<double> load_lse_rows(const TensorView& t, const std::vector<std::int64_t>& rows) {
+  std::vector<double> out;
+  for (std::int64_t b = 0; b < t.shape[0]; ++b)
+    for (std::int64_t h = 0; h < t.shape[1]; ++h)
+      for (std::int64_t i : rows) out.push_back(read_elem(t, b, h, i));
+  return out;
+}
+
+StdForward standard_forward(const Problem& pr, const std::vector<std::int64_t>& rows) {
+  StdForward f;
+  const std::int64_t nb = pr.q.b, nh = pr.q.h, dv = pr.v.d, nr = static_cast<std::int64_t>(rows.size());
+  f.out.assign(static_cast<std::size_t>(nb * nr * nh * dv), 0.0);
+  f.lse.assign(static_cast<std::size_t>(nb * nh * nr), -std::numeric_limits<double>::infinity());
+  if (pr.k.h == 0) return f;
+  const std::int64_t group = nh / pr.k.h;
+  for (std::int64_t b = 0; b < nb; ++b)
+    for (std::int64_t h = 0; h < nh; ++h)
+      for (std::int64_t ri = 0; ri < nr; ++ri) {
+        const std::int64_t i = rows[static_cast<std::size_t>(ri)];
+        const Row r = softmax_row(pr, b, h, i, f.score_scale);
+        f.lse[static_cast<std::size_t>((b * nh + h) * nr + ri)] = r.lse;
+        if (!r.active) continue;
+        for (std::int64_t c = 0; c < dv; ++c) {
+          float o = 0.0f;
+          for (std::size_t j = 0; j < r.p.size(); ++j)
+            o += r.p[j] * static_cast<float>(pr.v.at(b, static_cast<std::int64_t>(j), h / group)[c]);
+          f.out[static_cast<std::size_t>(((b * nr + ri) * nh + h) * dv + c)] = rd(pr.dtype, o);
+        }
+      }
+  return f;
+}
+
+StdBackward standard_backward(const Problem& pr) {
+  StdBackward g;
+  g.dq.assign(pr.q.x.size(), 0.0);
+  g.dk.assign(pr.k.x.size(), 0.0);
+  g.dv.assign(pr.v.x.size(), 0.0);
+  if (pr.k.h == 0) return g;
+  const DType t = pr.dtype;
+  const std::int64_t nh = pr.q.h, group = nh / pr.k.h, d = pr.q.d, dv = pr.v.d;
+  std::vector<double> abs_sum[3] = {std::vector<double>(g.dq.size()), std::vector<double>(g.dk.size()),
+                                    std::vector<double>(g.dv.size())};
+  auto idx = [](const Dense& x, std::int64_t b, std::int64_t s, std::int64_t h) {
+    return static_cast<std::size_t>(((b * x.s + s) * x.h + h) * x.d);
+  };
+  for (std::int64_t b = 0; b < pr.q.b; ++b)
+    for (std::int64_t h = 0; h < nh; ++h)
+      for (std::int64_t i = 0; i < pr.q.s; ++i) {
+        const Row r = softmax_row(pr, b, h, i, g.score_scale);
+        if (!r.active) continue;
+        const std::int64_t hk = h / group;
+        const double* gi = pr.dout.at(b, i, h);
+        // O in the dtype, then delta = rowsum(dO ∘ O) in float32, as autograd computes it.
+        float delta = 0.0f;
+        double delta_terms = 0.0;  // sum_c |dO_c O_c|
+        for (std::int64_t c = 0; c < dv; ++c) {
+          float o = 0.0f;
+          for (std::size_t j = 0; j < r.p.size(); ++j)
+            o += r.p[j] * static_cast<float>(pr.v.at(b, static_cast<std::int64_t>(j), hk)[c]);
+          delta += static_cast<float>(gi[c] * rd(t, o));
+          delta_terms += std::abs(gi[c] * rd(t, o));
+        }
+        for (std::size_t jj = 0; jj < r.p.size(); ++jj) {
+          const auto j = static_cast<std::int64_t>(jj);
+          const double* vj = pr.v.at(b, j, hk);
+          float dp = 0.0f;
+          double dp_terms = 0.0;
+          for (std::int64_t c = 0; c < dv; ++c) {
+            dp += static_cast<float>(gi[c] * vj[c]);
+            dp_terms += std::abs(gi[c] * vj[c]);
+          }
+          const float ds = rd(t, r.p[jj] * (rd(t, dp) - delta)) * pr.scale;
+          // dS = P (dP - delta) cancels (to exactly 0 under a one-hot softmax); its rounding is that of the
+          // products summed into dP and delta: |scale| P (sum |dO_c v_c| + sum |dO_c O_c|).
+          const double ds_terms = std::abs(static_cast<double>(pr.scale)) * r.p[jj] * (dp_terms + delta_terms);
+          const double* qi = pr.q.at(b, i, h);
+          const double* kj = pr.k.at(b, j, hk);
+          for (std::int64_t c = 0; c < d; ++c) {
+            const std::size_t iq = idx(pr.q, b, i, h) + static_cast<std::size_t>(c), ik = idx(pr.k, b, j, hk) + static_cast<std::size_t>(c);
+            g.dq[iq] += ds * kj[c];
+            g.dk[ik] += ds * qi[c];
+            abs_sum[0][iq] += ds_terms * std::abs(kj[c]);
+            abs_sum[1][ik] += ds_terms * std::abs(qi[c]);
+          }
+          for (std::int64_t c = 0; c < dv; ++c) {
+            const std::size_t iv = idx(pr.v, b, j, hk) + static_cast<std::size_t>(c);
+            g.dv[iv] += r.p[jj] * gi[c];
+            abs_sum[2][iv] += std::abs(r.p[jj] * gi[c]);
+          }
+        }
+      }
+  for (int n = 0; n < 3; ++n) {
+    for (double e : abs_sum[n])
+      if (std::isfinite(e)) g.abs_sum[n] = std::max(g.abs_sum[n], e);
+  }
+  for (auto* x : {&g.dq, &g.dk, &g.dv})
+    for (double& e : *x) e = rd(t, static_cast<float>(e));
+  return g;
+}
+
+double max_abs_finite(const std::vector<double>& x) {
+  double m = 0;
+  for (double e : x)
+    if (std::isfinite(e)) m = std::max(m, std::abs(e));
+  return m;
+}
+
+namespace {
+enum class Cls { finite, nan, pos_inf, neg_inf };
+Cls cls(double x) {
+  if (std::isnan(x)) return Cls::nan;
+  if (std::isinf(x)) return x > 0 ? Cls::pos_inf : Cls::neg_inf;
+  return Cls::finite;
+}
+}  // namespace
+
+Verdict compare(const char* name, const std::vector<double>& got, const std::vector<double>& standard,
+                const std::vector<double>& ref, DType dtype, double magnitude, DType storage) {
+  // The largest finite value of the output's dtype: a result within tolerance of it may be stored as Inf.
+  const double max_finite = storage == DType::float16    ? 65504.0
+                            : storage == DType::bfloat16 ? 3.3895313892515355e38
+                                                         : static_cast<double>(std::numeric_limits<float>::max());
+  Verdict v;
+  v.name = name;
+  std::ostringstream s;
+  if (got.size() != ref.size() || standard.size() != ref.size()) {
+    v.ok = false;
+    s << name << ": " << got.size() << " elements read, oracle has " << ref.size();
+    v.detail = s.str();
+    return v;
+  }
+  for (std::size_t i = 0; i < ref.size(); ++i)
+    if (std::isfinite(standard[i]) && std::isfinite(ref[i])) v.std_err = std::max(v.std_err, std::abs(standard[i] - ref[i]));
+  v.tol = 2.0 * v.std_err + 8.0 * eps(dtype) * std::max({max_abs_finite(ref), magnitude, 1e-3});
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const Cls cr = cls(ref[i]), cg = cls(got[i]), cs = cls(standard[i]);
+    bool bad = false;
+    if (cr == Cls::finite && cg == Cls::finite) {
+      const double e = std::abs(got[i] - ref[i]);
+      v.err = std::max(v.err, e);
+      bad = e > v.tol;
+    } else if (cg != cr) {
+      if (cr == Cls::finite && std::isinf(got[i]) && (got[i] > 0) == (ref[i] > 0) &&
+          std::abs(ref[i]) + v.tol >= max_finite) {
+        // overflow on storing the result
+      } else if (cs != cr && cg == cs) {
+        ++v.precision_limited;  // e.g. float32 overflow of a score the oracle holds in float64
+      } else {
+        bad = true;
+      }
+    }
+    if (bad && v.ok) {
+      v.ok = false;
+      s << name << "[" << i << "] = " << got[i] << ", oracle " << ref[i] << ", standard attention " << standard[i]
+        << " (tolerance " << v.tol << ", standard's max error " << v.std_err << ")";
+    }
+  }
+  v.detail = s.str();
+  return v;
+}
+
+}  // namespace flashtile::app::fuzz

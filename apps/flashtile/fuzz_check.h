@@ -1,0 +1,77 @@
+// What `flashtile fuzz` compares a successful call against: the float64 oracle (flashtile::reference) and
+// "standard attention" in the call's precision, the yardstick its tolerance is tied to.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "flashtile/tensor.h"
+
+namespace flashtile::app::fuzz {
+
+// One element of a view as double, read with memcpy (any alignment): (i0, i1, i2, i3) of a rank-4 view,
+// (i0, i1, i2) of a rank-3 one.
+double read_elem(const TensorView& t, std::int64_t i0, std::int64_t i1, std::int64_t i2, std::int64_t i3 = 0);
+
+// A [B, S, H, D] view copied to contiguous doubles (the dtype's exact values).
+struct Dense {
+  std::int64_t b = 0, s = 0, h = 0, d = 0;
+  std::vector<double> x;
+  const double* at(std::int64_t bi, std::int64_t si, std::int64_t hi) const { return x.data() + ((bi * s + si) * h + hi) * d; }
+};
+Dense load(const TensorView& t);
+// Rows `rows` of every (batch, head) of a [B, S, H, D] view, laid out [B, rows, H, D] as the oracle's out.
+std::vector<double> load_rows(const TensorView& t, const std::vector<std::int64_t>& rows);
+// lse [B, H, S] at `rows`, laid out [B, H, rows].
+std::vector<double> load_lse_rows(const TensorView& t, const std::vector<std::int64_t>& rows);
+
+struct Problem {
+  Dense q, k, v, dout;  // dout empty for a forward
+  float scale = 1.0f;
+  bool causal = false;
+  DType dtype = DType::float32;
+};
+
+// Standard attention as an eager framework computes it in the call's dtype: float32 arithmetic, S, P, O,
+// dP and the gradients rounded to the dtype where a framework stores them; rows follow the semantics
+// (README): no visible key or all visible scores -inf -> O = 0, LSE = -inf, no gradient contribution;
+// a NaN or +inf visible score -> NaN row (IEEE arithmetic gives that by itself).
+// `score_scale` is max over visible (i, j) of |scale| * sum_c |q_ic k_jc| (finite terms): the size the
+// score's rounding error is proportional to.
+struct StdForward {
+  std::vector<double> out, lse;  // oracle layouts for `rows`
+  double score_scale = 0;
+};
+StdForward standard_forward(const Problem& p, const std::vector<std::int64_t>& rows);
+struct StdBackward {
+  std::vector<double> dq, dk, dv;
+  double score_scale = 0;
+  // Largest sum of |terms| of one gradient element, for dq, dk, dv (dq_i: |scale| sum_j P_ij (sum_c |dO_ic
+  // v_jc| + sum_c |dO_ic O_ic|) |k_j|, dk likewise with q, dv_j: sum_i P_ij |dO_i|): a gradient that cancels
+  // to a small value (or to 0 under a one-hot softmax) still carries the rounding of the terms it was made
+  // from, as a dot product carries that of its products.
+  double abs_sum[3] = {0, 0, 0};
+};
+StdBackward standard_backward(const Problem& p);
+
+// THE tolerance rule of the fuzzer (the test suite's rule, tests/support.cpp expect_close, written again
+// here because apps/ cannot link tests/; plus the score term, see fuzz_check.cpp):
+//   |got - ref| <= 2 * err(standard) + 8 * eps(dtype) * max(max|ref|, magnitude, 1e-3)
+// elementwise over finite references; NaN must meet NaN and an infinity the same infinity, except where
+// standard attention in the same precision departs from the oracle the same way (counted apart), and an
+// infinity where the oracle's value is within tolerance of the largest finite value of `storage`.
+struct Verdict {
+  std::string name;
+  bool ok = true;
+  double err = 0, tol = 0, std_err = 0;
+  std::int64_t precision_limited = 0;  // non-finite results that standard attention shares
+  std::string detail;                  // first failing element, when !ok
+};
+Verdict compare(const char* name, const std::vector<double>& got, const std::vector<double>& standard,
+                const std::vector<double>& ref, DType dtype, double magnitude, DType storage);
+
+double eps(DType t);
+double max_abs_finite(const std::vector<double>& x);
+
+}  // namespace flashtile::app::fuzz
