@@ -3,7 +3,7 @@
 (direction, dtype, head dim, causal, threads) group. Used by bench/cpu_matrix.py and bench/gpu_bench.py when they
 write results, and on its own for results already written:
 
-    python3 bench/plots.py bench/results/h200.json bench/results/cpu_xeon.json [--out-dir DIR]
+    python3 bench/plots.py bench/results/h200.json bench/results/cpu_xeon.json [--out-dir DIR] [--run NAME]
 
 Reads the formats those scripts write: gpu_bench.py's {"meta", "rows"} (TFLOP/s), cpu_matrix.py's {"meta",
 "cells"} with per-library timings, the CLI-only CPU cells of earlier runs (FlashTile and OpenBLAS standard
@@ -136,8 +136,8 @@ def title_of(meta, name, unit):
     return f"{where}{torch}, {' and '.join(m.get('date', '?') for m in metas)}" + (f" [{name}]" if name else "") + f" ({unit}, higher is better)"
 
 
-def plot_file(path, out_dir=None):
-    """Draws every run in a JSON file; returns the PNG paths."""
+def plot_file(path, out_dir=None, only=None):
+    """Draws every run in a JSON file (or the named ones); returns the PNG paths."""
     import json
 
     with open(path) as f:
@@ -146,6 +146,8 @@ def plot_file(path, out_dir=None):
     out_dir = out_dir or os.path.dirname(path) or "."
     written = []
     for name, run in runs_of(data):
+        if only and name not in only:
+            continue
         gpu = "rows" in run
         pts = gpu_points(run) if gpu else cpu_points(run)
         if not pts:
@@ -160,9 +162,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("json", nargs="+")
     ap.add_argument("--out-dir", default=None)
+    ap.add_argument("--run", action="append", help="in a file of named runs, draw this one (repeatable)")
     args = ap.parse_args()
     for path in args.json:
-        for png in plot_file(path, args.out_dir):
+        for png in plot_file(path, args.out_dir, args.run):
             print(png)
 
 
