@@ -101,26 +101,29 @@ def worker(args):
     ft = FlashTile(args.capi)
     dtypes = {"float32": torch.float32, "bf16": torch.bfloat16}
 
-    def timed(fn, iters):
-        """Median of `iters` calls after one warm-up; one call when the warm-up took over --slow seconds."""
+    def timed(fn, iters, ops=None):
+        """Median of `iters` calls after one warm-up; one call when the warm-up took over --slow seconds. With
+        `ops` (a list), the warm-up runs under torch's profiler and the aten attention ops it ran are appended:
+        which SDPA kernel it was."""
+        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if ops is not None else None
         t0 = time.perf_counter()
-        fn()
+        if prof:
+            with prof:
+                first = fn()
+        else:
+            first = fn()
         warm = time.perf_counter() - t0
+        if prof:
+            events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+            names = [e.key for e in events if e.key.startswith("aten::")]
+            ops += [n for n in names if "attention" in n or "flash" in n] or names[:4]
         n = 1 if warm > args.slow else iters
         runs = []
         for _ in range(n):
             t0 = time.perf_counter()
             fn()
             runs.append(time.perf_counter() - t0)
-        return {"s": statistics.median(runs), "runs": runs, "warmup_s": warm}
-
-    def torch_ops(fn):
-        """Names of the aten attention ops one call runs (which SDPA kernel it was)."""
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-            fn()
-        names = sorted({e.key for e in prof.key_averages()})
-        picked = [n for n in names if "attention" in n or "flash" in n]
-        return picked or [n for n in names if n.startswith("aten::")][:6]
+        return {"s": statistics.median(runs), "runs": runs, "warmup_s": warm}, first
 
     for spec in json.loads(args.cells):
         d, s, causal, dtype = spec["hdim"], spec["seqlen"], spec["causal"], dtypes[spec["dtype"]]
@@ -133,28 +136,31 @@ def worker(args):
         dq, dk, dv = torch.empty_like(fq), torch.empty_like(fk), torch.empty_like(fv)
         cell = dict(spec, threads=threads, fwd_flops=forward_flops(s, d, causal), load=os.getloadavg(), libs={})
         res = cell["libs"]["flashtile"] = {}
-        res["kernel_fwd"] = ft.forward(fq, fk, fv, out, lse, causal=causal, backend="cpu-flash").split("\n")[0]
-        res["fwd"] = timed(lambda: ft.forward(fq, fk, fv, out, lse, causal=causal, backend="cpu-flash"), iters)
+        res["fwd"], report = timed(lambda: ft.forward(fq, fk, fv, out, lse, causal=causal, backend="cpu-flash"), iters)
+        res["kernel_fwd"] = report.split("\n")[0]  # the dispatch report: which kernel and ISA path ran
         if spec["backward"]:
-            res["kernel_bwd"] = ft.backward(fq, fk, fv, out, fdo, lse, dq, dk, dv, causal=causal,
-                                            backend="cpu-flash").split("\n")[0]
-            res["bwd"] = timed(lambda: ft.backward(fq, fk, fv, out, fdo, lse, dq, dk, dv, causal=causal,
-                                                   backend="cpu-flash"), iters)
+            res["bwd"], report = timed(lambda: ft.backward(fq, fk, fv, out, fdo, lse, dq, dk, dv, causal=causal,
+                                                           backend="cpu-flash"), iters)
+            res["kernel_bwd"] = report.split("\n")[0]
         for name, backend in (("torch_flash", SDPBackend.FLASH_ATTENTION), ("torch_math", SDPBackend.MATH)):
             res = cell["libs"][name] = {}
             try:
                 with sdpa_kernel(backend):
-                    fwd = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-                    res["ops_fwd"] = torch_ops(fwd)
+                    res["ops_fwd"], res["ops_bwd"] = [], []
                     with torch.no_grad():
-                        res["fwd"] = timed(fwd, iters)
+                        res["fwd"], o = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), iters,
+                                              res["ops_fwd"])
+                    # Agreement with FlashTile's output and gradients on these inputs: a check that both computed
+                    # the same thing (not an accuracy figure; the tests measure accuracy against float64).
+                    res["max_abs_diff_out"] = (o.float() - out.transpose(1, 2).float()).abs().max().item()
                     if spec["backward"]:
                         qg, kg, vg = (x.detach().requires_grad_(True) for x in (q, k, v))
                         o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
-                        bwd = lambda: torch.autograd.grad(o, (qg, kg, vg), dout, retain_graph=True)
-                        res["ops_bwd"] = torch_ops(bwd)
-                        res["bwd"] = timed(bwd, iters)
-                        del o, qg, kg, vg
+                        res["bwd"], grads = timed(lambda: torch.autograd.grad(o, (qg, kg, vg), dout,
+                                                                              retain_graph=True), iters, res["ops_bwd"])
+                        res["max_abs_diff_dqkv"] = max((a.float() - b.transpose(1, 2).float()).abs().max().item()
+                                                       for a, b in zip(grads, (dq, dk, dv)))
+                        del o, qg, kg, vg, grads
             except RuntimeError as e:  # a peer that cannot run a cell is reported, not fatal
                 res["error"] = str(e).split("\n")[0][:200]
         print(json.dumps(cell), flush=True)
@@ -301,6 +307,11 @@ def markdown(meta, cells):
         "profiler saw: " + "; ".join(sorted({f"{lib} {d}: {' '.join(c['libs'][lib].get('ops_' + d, []))}"
                                              for c in cells for lib in LIBS[1:] for d in ("fwd", "bwd")})),
         f"- command: `{meta['command']}` (OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset for it)",
+        "- FlashTile against torch's flash kernel on the same inputs, largest |difference| over the cells (a check "
+        "that both computed the same thing): " + "; ".join(
+            f"{dt}: output {max(c['libs']['torch_flash'].get('max_abs_diff_out', 0) for c in cs):.1e}, dQ/dK/dV "
+            f"{max(c['libs']['torch_flash'].get('max_abs_diff_dqkv', 0) for c in cs):.1e}"
+            for dt, cs in ((dt, [c for c in cells if c["dtype"] == dt]) for dt in ("float32", "bf16")) if cs),
         "- one process per thread count times all three on the same values, back to back, per cell: FlashTile "
         "(cpu-flash through libflashtile_capi.so, (B, S, H, D) contiguous), torch SDPA forced to its flash kernel "
         "and to its math backend (standard attention: S and P materialised), (B, H, S, D) contiguous; B=1, H=8; "
