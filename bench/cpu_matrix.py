@@ -127,7 +127,7 @@ def worker(args):
 
     for spec in json.loads(args.cells):
         d, s, causal, dtype = spec["hdim"], spec["seqlen"], spec["causal"], dtypes[spec["dtype"]]
-        iters = 5 if s <= 2048 else 3
+        iters = args.iters or (5 if s <= 2048 else 3)
         g = torch.Generator().manual_seed(spec["seed"])
         # torch's layout (B, H, S, D); FlashTile gets the same values in its own layout (B, S, H, D), contiguous.
         q, k, v, dout = (torch.randn(1, 8, s, d, generator=g).to(dtype) for _ in range(4))
@@ -186,12 +186,19 @@ def main():
                     help="OPENBLAS_CORETYPE for the CLI's baseline (--cli), for a CPU whose OpenBLAS does not "
                          "recognise it")
     ap.add_argument("--seqlens", default=None, help="comma-separated (default 512..8192; --quick: ..2048)")
-    ap.add_argument("--slow", type=float, default=10.0, help="a call slower than this (s) is timed once")
+    ap.add_argument("--iters", type=int, default=0, help="timed calls per cell (default: 5 up to S=2048, else 3)")
+    ap.add_argument("--slow", type=float, default=10.0, help="a call whose warm-up took longer (s) is timed once")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--cells", default="[]", help=argparse.SUPPRESS)
+    ap.add_argument("--rewrite", default=None, metavar="JSON", help="write the table and plot of a run's JSON again")
     args = ap.parse_args()
     if args.worker:
         return worker(args)
+    if args.rewrite:
+        with open(args.rewrite) as f:
+            run = json.load(f)
+        args.out, args.name = os.path.dirname(args.rewrite), os.path.splitext(os.path.basename(args.rewrite))[0]
+        return write(args, run["meta"], run["cells"], measured=False)
     # A `timeout` (SIGTERM) still writes the cells measured so far.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     thread_counts = [int(t) for t in args.threads.split(",")]
@@ -230,6 +237,7 @@ def main():
 
 def run_worker(args, env, threads, specs, cells, meta):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--capi", args.capi, "--slow", str(args.slow),
+           "--iters", str(args.iters),
            "--cells", json.dumps(specs)]
     wenv = dict(env, OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
     print(f"worker: {threads} thread(s), {len(specs)} cells", file=sys.stderr, flush=True)
@@ -281,11 +289,12 @@ def metadata(args, peaks, dot_peaks):
            + (f" --threads {args.threads}" if args.threads != "1,2" else "") + (" --bf16" if args.bf16 else "")
            + (" --cli" if args.cli else "") + (f" --hdims {args.hdims}" if args.hdims != "64,128" else "")
            + (f" --blas-core {args.blas_core}" if args.blas_core else "")
-           + (f" --seqlens {args.seqlens}" if args.seqlens else ""))
+           + (f" --seqlens {args.seqlens}" if args.seqlens else "") + (f" --iters {args.iters}" if args.iters else "")
+           + (f" --slow {args.slow:g}" if args.slow != 10.0 else ""))
     return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "cpu": cpu_model(), "cores": os.cpu_count(), "flags": cpu_flags(), "fma_peak": peaks,
             "bf16_peak": dot_peaks, "affinity": sorted(os.sched_getaffinity(0)), "load_at_start": os.getloadavg(),
-            "command": cmd, "capi": args.capi, **json.loads(info)}
+            "command": cmd, "capi": args.capi, "iters": args.iters, **json.loads(info)}
 
 
 def markdown(meta, cells):
@@ -303,9 +312,11 @@ def markdown(meta, cells):
         f"- machine: {meta['cpu']}, {meta['cores']} cores (this process ran on CPUs {meta['affinity']}); SIMD flags: "
         f"{' '.join(meta['flags'])}",
         f"- FMA peak measured by bench/fma_peak.cpp in the same run: {peaks or 'not measured'}",
-        f"- torch {meta['torch']} (CPU capability {meta['cpu_capability']}, BLAS {meta['blas']}); kernels its "
-        "profiler saw: " + "; ".join(sorted({f"{lib} {d}: {' '.join(c['libs'][lib].get('ops_' + d, []))}"
-                                             for c in cells for lib in LIBS[1:] for d in ("fwd", "bwd")})),
+        f"- torch {meta['torch']} (CPU capability {meta['cpu_capability']}, BLAS {meta['blas']}); aten ops its "
+        "profiler saw in the warm-up calls: " + "; ".join(
+            f"{lib} {d}: " + ", ".join(sorted({op for c in cells for op in c["libs"][lib].get("ops_" + d, [])
+                                               if any(w in op for w in ("attention", "flash", "bmm", "softmax"))}))
+            for lib in LIBS[1:] for d in ("fwd", "bwd")),
         f"- command: `{meta['command']}` (OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset for it)",
         "- FlashTile against torch's flash kernel on the same inputs, largest |difference| over the cells (a check "
         "that both computed the same thing): " + "; ".join(
@@ -317,8 +328,8 @@ def markdown(meta, cells):
         "and to its math backend (standard attention: S and P materialised), (B, H, S, D) contiguous; B=1, H=8; "
         "backward = torch.autograd.grad of the SDPA output (torch) or flashtile backward (FlashTile)",
         "- GFLOP/s: forward 4·B·H·S²·D (causal: visible scores only), backward 2.5× forward; time is the median of "
-        "3–5 runs after a warm-up" + (f" (a call whose warm-up took over the --slow limit is timed once: "
-                                      f"{len(once)} marked ¹)" if once else "")
+        f"{meta['iters'] or '3–5'} runs after a warm-up" + (f" (a call whose warm-up took over the --slow limit is timed once: "
+                                      f"{len(once)} timings marked ¹)" if once else "")
         + "; ratio = peer time / FlashTile time (> 1: FlashTile faster)", "",
         "| threads | dtype | D | causal | S | FT fwd | torch flash fwd | std fwd | ÷flash | ÷std | FT bwd "
         "| torch flash bwd | std bwd | ÷flash | ÷std | ISA |" + (" CLI FT fwd | OpenBLAS std fwd | CLI FT bwd "
@@ -343,10 +354,11 @@ def markdown(meta, cells):
     return "\n".join(lines + ([""] + [f"- error {e}" for e in errors] if errors else []))
 
 
-def write(args, meta, cells):
+def write(args, meta, cells, measured=True):
     os.makedirs(args.out, exist_ok=True)
-    meta["load_at_end"] = os.getloadavg()
-    meta["end"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    if measured:
+        meta["load_at_end"] = os.getloadavg()
+        meta["end"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     path = os.path.join(args.out, args.name + ".json")
     with open(path, "w") as f:
         json.dump({"meta": meta, "cells": cells}, f, indent=1)
