@@ -8,6 +8,8 @@ backward 2.5x forward. FlashTile is called through libflashtile_capi.so (ctypes,
 API; see src/cuda/capi.cpp) on the same torch tensors the peers read.
 
     python3 bench/gpu_bench.py --lib build/src/cuda/libflashtile_capi.so --json out.json --md out.md
+
+With --json, bench/plots.py draws the table as out.png beside it (TFLOP/s against seqlen, one line per library).
 """
 import argparse
 import ctypes
@@ -210,6 +212,13 @@ def main():
         with open(args.md, "w") as f:
             f.write(md + "\n")
     print(md)
+    if args.json:  # the same figures as a PNG beside the JSON (bench/plots.py)
+        try:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            import plots
+            print("plot:", ", ".join(plots.plot_file(args.json)))
+        except ImportError as e:  # no matplotlib on this machine: `python3 bench/plots.py JSON` draws it later
+            print(f"no plot ({e})")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@
 # `run` forces each kernel set the CPU executes (FLASHTILE_CPU_ISA) through the whole CPU test suite, then runs
 # bench/cpu_matrix.py pinned to two CPUs on different physical cores (FT_CPU_BENCH_ARGS, default
 # "--threads 2 --bf16"; FT_CPU_BENCH=0 skips it; FT_CPU_TESTS=0 skips the tests). Logs and the table go to
-# $OUT/cpu.
+# $OUT/cpu. The benchmark times FlashTile beside torch's SDPA in one Python process (the GPU machine's own torch,
+# FT_CPU_PYTHON, default python3), through the C ABI library that `pack` links here (libflashtile_capi_cpu.so).
+# What a device call must carry: .carry/cpu (about 6 MiB: binaries, the C ABI library, OpenBLAS compressed).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 CARRY=.carry/cpu
@@ -20,6 +22,12 @@ pack() {
   cp build/cpu/apps/flashtile/flashtile "$CARRY/apps/flashtile/"
   cp build/cpu/tests/flashtile_tests "$CARRY/tests/"
   cp build/cpu/bench/flashtile_fma_peak "$CARRY/bench/"
+  # The C ABI library for the benchmark's in-process timing next to torch (linked from build/cpu's static library
+  # by bench/cpu_matrix.py, the one place that knows how).
+  local capi
+  capi=$(python3 -c "import sys; sys.path.insert(0, 'bench'); import cpu_matrix; print(cpu_matrix.find_capi('build/cpu'))") \
+    || exit 1
+  cp "$capi" "$CARRY/libflashtile_capi_cpu.so"
   # The CLI's runtime libraries that a bare Ubuntu image lacks (OpenBLAS and its Fortran runtime), compressed.
   ldd build/cpu/apps/flashtile/flashtile | awk '/openblas|gfortran|quadmath/ {print $3}' |
     xargs -I{} cp -L {} "$CARRY/lib/"
@@ -58,8 +66,9 @@ run() {
     local cpus t0=$(date +%s)
     cpus=$(two_cores)
     rm -rf build/cpu-remote && mkdir -p build/cpu-remote && cp -r "$CARRY/apps" "$CARRY/bench" build/cpu-remote/
-    timeout "${FT_CPU_BENCH_TIMEOUT:-400}" taskset -c "$cpus" python3 bench/cpu_matrix.py --build build/cpu-remote \
-      --out "$out" ${FT_CPU_BENCH_ARGS:---threads 2 --bf16} > "$out/bench.log" 2>&1
+    timeout "${FT_CPU_BENCH_TIMEOUT:-400}" taskset -c "$cpus" "${FT_CPU_PYTHON:-python3}" bench/cpu_matrix.py \
+      --build build/cpu-remote --capi "$PWD/$CARRY/libflashtile_capi_cpu.so" --out "$out" --name cpu_xeon_torch \
+      ${FT_CPU_BENCH_ARGS:---threads 2 --bf16} > "$out/bench.log" 2>&1
     echo "BENCH: rc=$? on CPUs $cpus ($(( $(date +%s) - t0 )) s)" >> "$summary"
   fi
   cat "$summary"
