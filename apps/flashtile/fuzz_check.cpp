@@ -40,6 +40,10 @@ struct Row {
   std::vector<float> p;  // rounded probabilities of the visible keys
   float lse = -kInf;
   bool active = false;
+  // The same row in float64 without rounding (scores, probabilities, LSE): the size of the terms the
+  // tolerance is built from, which must not overflow where the dtype's standard attention does.
+  std::vector<double> sx, px;
+  double lsex = 0;
 };
 
 Row softmax_row(const Problem& pr, std::int64_t b, std::int64_t h, std::int64_t i, double& score_scale) {
@@ -61,9 +65,21 @@ Row softmax_row(const Problem& pr, std::int64_t b, std::int64_t h, std::int64_t 
     }
     score_scale = std::max(score_scale, std::abs(static_cast<double>(pr.scale)) * mag);
     const float x = rd(t, acc * pr.scale);
+    double exact = 0.0;
+    for (std::int64_t c = 0; c < pr.q.d; ++c) exact += qi[c] * kj[c];
+    r.sx.push_back(static_cast<double>(pr.scale) * exact);
     s[static_cast<std::size_t>(j)] = x;
     nan = nan || std::isnan(x);
     if (!std::isnan(x)) m = std::max(m, x);
+  }
+  const double mx = r.sx.empty() ? -kInf : *std::max_element(r.sx.begin(), r.sx.end());
+  const bool exact_defined = std::none_of(r.sx.begin(), r.sx.end(), [](double x) { return std::isnan(x); }) &&
+                             mx > -kInf && mx < kInf;
+  if (exact_defined) {  // else the exact row is NaN or empty: no finite magnitude to take from it
+    double lx = 0.0;
+    for (double x : r.sx) r.px.push_back(std::exp(x - mx)), lx += r.px.back();
+    for (double& x : r.px) x /= lx;
+    r.lsex = mx + std::log(lx);
   }
   if (!nan && m == -kInf) return r;
   r.active = true;
@@ -178,8 +194,11 @@ StdBackward standard_backward(const Problem& pr) {
   for (std::int64_t b = 0; b < pr.q.b; ++b)
     for (std::int64_t h = 0; h < nh; ++h)
       for (std::int64_t i = 0; i < pr.q.s; ++i) {
+        // Standard attention's row may overflow in the dtype where the float64 row does not: its result
+        // then follows the dtype (r.active, r.p), the tolerance's magnitudes the float64 row (r.px).
         const Row r = softmax_row(pr, b, h, i, g.score_scale);
-        if (!r.active) continue;
+        if (!r.active && r.px.empty()) continue;
+        const bool exact = !r.px.empty();
         const std::int64_t hk = h / group;
         const double* gi = pr.dout.at(b, i, h);
         // O in the dtype, then delta = rowsum(dO ∘ O) in float32, as autograd computes it.
@@ -187,12 +206,13 @@ StdBackward standard_backward(const Problem& pr) {
         double delta_terms = 0.0;  // sum_c |dO_c O_c|
         for (std::int64_t c = 0; c < dv; ++c) {
           float o = 0.0f;
-          for (std::size_t j = 0; j < r.p.size(); ++j)
-            o += r.p[j] * static_cast<float>(pr.v.at(b, static_cast<std::int64_t>(j), hk)[c]);
+          double ox = 0.0;
+          for (std::size_t j = 0; j < r.p.size(); ++j) o += r.p[j] * static_cast<float>(pr.v.at(b, static_cast<std::int64_t>(j), hk)[c]);
+          for (std::size_t j = 0; j < r.px.size(); ++j) ox += r.px[j] * pr.v.at(b, static_cast<std::int64_t>(j), hk)[c];
           delta += static_cast<float>(gi[c] * rd(t, o));
-          delta_terms += std::abs(gi[c] * rd(t, o));
+          delta_terms += std::abs(gi[c] * ox);
         }
-        for (std::size_t jj = 0; jj < r.p.size(); ++jj) {
+        for (std::size_t jj = 0; jj < r.sx.size(); ++jj) {
           const auto j = static_cast<std::int64_t>(jj);
           const double* vj = pr.v.at(b, j, hk);
           float dp = 0.0f;
@@ -201,23 +221,32 @@ StdBackward standard_backward(const Problem& pr) {
             dp += static_cast<float>(gi[c] * vj[c]);
             dp_terms += std::abs(gi[c] * vj[c]);
           }
-          const float ds = rd(t, r.p[jj] * (rd(t, dp) - delta)) * pr.scale;
+          const float ds = r.active ? rd(t, r.p[jj] * (rd(t, dp) - delta)) * pr.scale : 0.0f;
+          const float pj = r.active ? r.p[jj] : 0.0f;
           // dS = P (dP - delta) cancels (to exactly 0 under a one-hot softmax); its rounding is that of the
-          // products summed into dP and delta: |scale| P (sum |dO_c v_c| + sum |dO_c O_c|).
-          const double ds_terms = std::abs(static_cast<double>(pr.scale)) * r.p[jj] * (dp_terms + delta_terms);
+          // products summed into dP and delta, |scale| P (sum |dO_c v_c| + sum |dO_c O_c|), and P, recomputed
+          // as exp(s - LSE), carries a relative error of eps (|s| + |LSE|): hence the factor `recompute`.
+          const double recompute = 1.0 + std::abs(r.sx[jj]) + std::abs(r.lsex);
+          const double px = exact ? r.px[jj] : 0.0;
+          const double ds_terms =  // a key of P = 0 (score -inf) adds no term, though |s| is infinite
+              px > 0 ? std::abs(static_cast<double>(pr.scale)) * px * (dp_terms + delta_terms) * recompute : 0.0;
           const double* qi = pr.q.at(b, i, h);
           const double* kj = pr.k.at(b, j, hk);
           for (std::int64_t c = 0; c < d; ++c) {
             const std::size_t iq = idx(pr.q, b, i, h) + static_cast<std::size_t>(c), ik = idx(pr.k, b, j, hk) + static_cast<std::size_t>(c);
-            g.dq[iq] += ds * kj[c];
-            g.dk[ik] += ds * qi[c];
-            abs_sum[0][iq] += ds_terms * std::abs(kj[c]);
-            abs_sum[1][ik] += ds_terms * std::abs(qi[c]);
+            if (r.active) {
+              g.dq[iq] += ds * kj[c];
+              g.dk[ik] += ds * qi[c];
+            }
+            if (ds_terms > 0) {
+              abs_sum[0][iq] += ds_terms * std::abs(kj[c]);
+              abs_sum[1][ik] += ds_terms * std::abs(qi[c]);
+            }
           }
           for (std::int64_t c = 0; c < dv; ++c) {
             const std::size_t iv = idx(pr.v, b, j, hk) + static_cast<std::size_t>(c);
-            g.dv[iv] += r.p[jj] * gi[c];
-            abs_sum[2][iv] += std::abs(r.p[jj] * gi[c]);
+            if (r.active) g.dv[iv] += pj * gi[c];
+            if (px > 0) abs_sum[2][iv] += px * std::abs(gi[c]) * recompute;
           }
         }
       }

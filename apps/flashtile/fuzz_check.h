@@ -47,10 +47,11 @@ StdForward standard_forward(const Problem& p, const std::vector<std::int64_t>& r
 struct StdBackward {
   std::vector<double> dq, dk, dv;
   double score_scale = 0;
-  // Largest sum of |terms| of one gradient element, for dq, dk, dv (dq_i: |scale| sum_j P_ij (sum_c |dO_ic
-  // v_jc| + sum_c |dO_ic O_ic|) |k_j|, dk likewise with q, dv_j: sum_i P_ij |dO_i|): a gradient that cancels
-  // to a small value (or to 0 under a one-hot softmax) still carries the rounding of the terms it was made
-  // from, as a dot product carries that of its products.
+  // Largest sum of |terms| of one gradient element, for dq, dk, dv, from the float64 row (no overflow):
+  // dq_i: |scale| sum_j P_ij (sum_c |dO_ic v_jc| + sum_c |dO_ic O_ic|) r_ij |k_j|, dk likewise with q,
+  // dv_j: sum_i P_ij |dO_i| r_ij, where r_ij = 1 + |s_ij| + |LSE_i| is the relative error of P recomputed
+  // as exp(s - LSE) in units of eps. A gradient that cancels to a small value (or to 0 under a one-hot
+  // softmax) still carries the rounding of the terms it was made from.
   double abs_sum[3] = {0, 0, 0};
 };
 StdBackward standard_backward(const Problem& p);
