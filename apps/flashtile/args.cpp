@@ -79,7 +79,7 @@ std::string usage() {
          "       flashtile info            backends in this build, CPU ISA paths, threads\n"
          "       flashtile check [flags]   FlashTile vs the float64 reference (sampled rows) and vs standard attention\n"
          "       flashtile bench [flags]   time and GFLOP/s of FlashTile and standard attention in one run\n"
-         "       flashtile fuzz [--calls N --seed S --skip K --max-seqlen N --verbose --buckets --no-skips --no-skip NAME]\n"
+         "       flashtile fuzz [--calls N --seed S --skip K --max-seqlen N --verbose --buckets]\n"
          "                                 random API calls: each must match the float64 oracle or throw its typed error\n"
          "flags: --batch N --heads N --kv-heads N --seqlen N | --seqlen-q N --seqlen-k N --hdim N --hdim-v N\n"
          "       --dtype float32|float16|bfloat16 --causal --backend auto|cpu-flash|cpu-reference|...\n"

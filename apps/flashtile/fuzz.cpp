@@ -232,7 +232,7 @@ void check_make_view(const Call& c, Outcome& r) {
 }
 
 // Runs call `index`; throws Failure when the library's answer is wrong.
-std::string run_call(const Call& c, const Expect& e, const Skips& skips, Stats& st, std::mt19937_64& rng) {
+std::string run_call(const Call& c, const Expect& e, Stats& st, std::mt19937_64& rng) {
   Outcome r;
   if (c.op == Op::make_view) {
     check_make_view(c, r);
@@ -302,7 +302,7 @@ std::string run_call(const Call& c, const Expect& e, const Skips& skips, Stats& 
     for (std::size_t i = 0; i < mask.size(); ++i)
       if (!mask[i] && after[b][i] != before[b][i]) throw Failure{std::string(kArgName[a]) + ": a padding byte was written"};
   }
-  check_results(c, m, rng, st.precision_limited, !skips.neg_row_semantics);
+  check_results(c, m, rng, st.precision_limited, true);
   if (rng() % 6 == 0) {  // run to run: same bytes
     for (int b : outs) m.blocks[static_cast<std::size_t>(b)]->restore(before[static_cast<std::size_t>(b)]);
     call_api(c.op, m.view, c.options);
@@ -329,7 +329,6 @@ struct FuzzArgs {
   std::uint64_t calls = 1000, seed = 0, skip = 0;
   std::int64_t max_seqlen = 300;
   bool verbose = false, buckets = false;
-  Skips skips;
   std::string replay_flags;  // the flags that change what is generated, for replay lines
 };
 
@@ -354,22 +353,7 @@ FuzzArgs parse(const std::vector<std::string>& argv) {
     }
     else if (f == "--verbose") a.verbose = true;
     else if (f == "--buckets") a.buckets = true;
-    else if (f == "--no-skips") {
-      a.skips = Skips{false, false, false, false, false, false};
-      a.replay_flags += " --no-skips";
-    }
-    else if (f == "--no-skip") {
-      if (i + 1 >= argv.size()) throw InvalidArgument("--no-skip: missing value");
-      const std::string& n = argv[++i];
-      bool* flag = n == "misaligned" ? &a.skips.misaligned : n == "rank" ? &a.skips.rank_above_4
-                 : n == "hq0" ? &a.skips.empty_q_heads_bwd : n == "int64max" ? &a.skips.stride_int64_max
-                 : n == "negrow" ? &a.skips.neg_row_semantics : n == "bf16scale" ? &a.skips.bf16_pair_scale : nullptr;
-      if (flag == nullptr)
-        throw InvalidArgument("--no-skip: expected misaligned, rank, hq0, int64max, negrow or bf16scale, got '" + n + "'");
-      *flag = false;
-      a.replay_flags += " --no-skip " + n;
-    }
-    else throw InvalidArgument("fuzz: unknown flag '" + f + "'; flags: --calls N --seed S --skip K --max-seqlen N --verbose --buckets --no-skips --no-skip NAME");
+    else throw InvalidArgument("fuzz: unknown flag '" + f + "'; flags: --calls N --seed S --skip K --max-seqlen N --verbose --buckets");
   }
   if (a.seed == 0) {
     std::random_device rd;
@@ -392,18 +376,6 @@ int run_fuzz(const std::vector<std::string>& argv) {
               static_cast<long long>(a.max_seqlen));
   std::printf("  replay one call: flashtile fuzz --calls 1 --seed %llu --skip K --verbose%s\n", static_cast<unsigned long long>(a.seed),
               a.replay_flags.c_str());
-  const struct {
-    bool on;
-    const char* name;
-    const char* what;
-  } skips[] = {{a.skips.misaligned, "misaligned", "misaligned data pointers (accepted, then loaded as aligned: UBSan)"},
-               {a.skips.rank_above_4, "rank", "TensorView::rank > 4 (validation formats shape[4..]: UBSan)"},
-               {a.skips.empty_q_heads_bwd, "hq0", "backward with Hq = 0 < Hkv (dK, dV left unwritten)"},
-               {a.skips.stride_int64_max, "int64max", "a stride of INT64_MAX on a dim of size 2 (validation computes INT64_MAX + 1: UBSan)"},
-               {a.skips.neg_row_semantics, "negrow", "the check of rows whose visible scores are all -inf against the README (O = 0, LSE = -inf): kernels and oracle give NaN"},
-               {a.skips.bf16_pair_scale, "bf16scale", "bf16 on the bf16-pair/AMX paths with softmax_scale <= 0 or > 1e6 (LSE +-inf or NaN, O NaN)"}};
-  for (const auto& s : skips)
-    if (s.on) std::printf("  TEMPORARY SKIP of a library bug (bench/results/fuzz.md; --no-skip %s to include): %s\n", s.name, s.what);
   std::fflush(stdout);
   // Say which call died: ASan calls the death callback, UBSan aborts (__ubsan_default_options below), other
   // crashes raise a signal (ASan keeps its own SIGSEGV handler, which ends in the death callback).
@@ -421,7 +393,7 @@ int run_fuzz(const std::vector<std::string>& argv) {
                   static_cast<unsigned long long>(k), static_cast<unsigned long long>(a.seed),
                   static_cast<unsigned long long>(a.seed), static_cast<unsigned long long>(k), a.replay_flags.c_str());
     g_call = k;
-    const Call c = generate(a.seed, k, a.max_seqlen, backends, isa_paths, default_isa, a.skips);
+    const Call c = generate(a.seed, k, a.max_seqlen, backends, isa_paths, default_isa);
     const Expect e = expect(c, backends);
     if (c.isa) setenv("FLASHTILE_CPU_ISA", c.isa->c_str(), 1);
     if (a.verbose) {
@@ -432,7 +404,7 @@ int run_fuzz(const std::vector<std::string>& argv) {
     ++st.calls;
     try {
       const std::int64_t limited = st.precision_limited;
-      std::string bucket = run_call(c, e, a.skips, st, rng);
+      std::string bucket = run_call(c, e, st, rng);
       bucket.append("|").append(dtype_name(c.dtype)).append("|");
       if (c.faults.empty()) bucket.append("valid");
       for (std::size_t i = 0; i < c.faults.size(); ++i) bucket.append(i ? "+" : "").append(fault_name(c.faults[i]));

@@ -10,8 +10,7 @@
 
 namespace flashtile::app {
 
-// argv after "fuzz": --calls N --seed S --skip K --max-seqlen N --verbose --buckets --no-skips
-// --no-skip NAME. Returns the exit code.
+// argv after "fuzz": --calls N --seed S --skip K --max-seqlen N --verbose --buckets. Returns the exit code.
 int run_fuzz(const std::vector<std::string>& argv);
 
 }  // namespace flashtile::app

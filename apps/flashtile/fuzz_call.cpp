@@ -128,7 +128,7 @@ int pick_arg(const Call& c, Rng& r, Pred ok) {
 }
 
 // Applies fault f; false when it has nothing to act on here (it would be vacuous).
-bool inject(Fault f, Call& c, Rng& r, const std::vector<std::string>& backends, const Skips& skips) {
+bool inject(Fault f, Call& c, Rng& r, const std::vector<std::string>& backends) {
   auto any = [](const TensorSpec&, int) { return true; };
   auto nonempty = [](const TensorSpec& s, int) { return s.numel() > 0; };
   auto& t = c.t;
@@ -155,7 +155,6 @@ bool inject(Fault f, Call& c, Rng& r, const std::vector<std::string>& backends, 
       c.mutations.push_back({Mutation::null_data, a});
       return true;
     case Fault::misaligned:
-      if (skips.misaligned) return false;
       if ((a = pick_arg(c, r, [&](const TensorSpec& s, int) { return s.numel() > 0 && s.host < 0; })) < 0) return false;
       t[static_cast<std::size_t>(a)].offset += static_cast<std::size_t>(1 + r.u(static_cast<std::int64_t>(dtype_size(t[static_cast<std::size_t>(a)].dtype)) - 1));
       return true;
@@ -189,14 +188,12 @@ bool inject(Fault f, Call& c, Rng& r, const std::vector<std::string>& backends, 
       do dim = static_cast<int>(r.u(s.rank - 1));
       while (s.shape[static_cast<std::size_t>(dim)] < 2);
       std::int64_t v = overlap ? 0 : r.pick<std::int64_t>({std::int64_t{1} << 62, LLONG_MAX, std::int64_t{3} << 61});
-      if (skips.stride_int64_max && v == LLONG_MAX) v = std::int64_t{3} << 61;
       c.mutations.push_back({Mutation::stride, a, dim, v});
       return true;
     }
     case Fault::rank:
       a = pick_arg(c, r, any);
       c.mutations.push_back({Mutation::rank, a, 0, a == LSE ? r.pick<std::int64_t>({-1, 2, 4, 5}) : r.pick<std::int64_t>({-1, 0, 3, 5, 1000})});
-      if (skips.rank_above_4 && c.mutations.back().value > 4) c.mutations.back().value = 2;
       return true;
     case Fault::shape: {
       a = pick_arg(c, r, [](const TensorSpec&, int x) { return x != Q; });
@@ -244,7 +241,7 @@ bool inject(Fault f, Call& c, Rng& r, const std::vector<std::string>& backends, 
 }  // namespace
 
 Call generate(std::uint64_t seed, std::uint64_t index, std::int64_t max_seqlen, const std::vector<std::string>& backends,
-              const std::vector<std::string>& isa_paths, const std::string& default_isa, const Skips& skips) {
+              const std::vector<std::string>& isa_paths, const std::string& default_isa) {
   Rng r{std::mt19937_64(splitmix(seed ^ splitmix(index)))};
   Call c;
   c.data_seed = r.g();
@@ -265,7 +262,6 @@ Call generate(std::uint64_t seed, std::uint64_t index, std::int64_t max_seqlen, 
     c.hq = c.hkv * r.u(3) + 1 + r.u(c.hkv - 1);
     c.faults.push_back(Fault::gqa);
   }
-  if (skips.empty_q_heads_bwd && c.is_backward() && c.hq == 0) c.hkv = 0;
   c.d = head_dim(r);
   c.dv = r.chance(50) ? c.d : head_dim(r);
   if (c.d < 1 || c.d > 256 || c.dv < 1 || c.dv > 256) c.faults.push_back(Fault::head_dim);
@@ -283,9 +279,6 @@ Call generate(std::uint64_t seed, std::uint64_t index, std::int64_t max_seqlen, 
   if (c.is_backward() && o.softmax_scale && std::abs(*o.softmax_scale) > 1e4f) o.softmax_scale = 1e4f;
   if (r.chance(25) && !isa_paths.empty()) c.isa = isa_paths[static_cast<std::size_t>(r.u(static_cast<std::int64_t>(isa_paths.size())))];
   const std::string isa = c.isa ? *c.isa : default_isa;
-  if (skips.bf16_pair_scale && c.dtype == DType::bfloat16 && o.softmax_scale && !(*o.softmax_scale > 0 && *o.softmax_scale <= 1e6f) &&
-      (isa.find("bf16") != std::string::npos || isa.find("amx") != std::string::npos))
-    o.softmax_scale = std::abs(*o.softmax_scale) > 0 ? std::min(std::abs(*o.softmax_scale), 1e4f) : 0.125f;
   const auto bx = r.u(100);
   o.backend = bx < 55 ? "auto" : bx < 82 ? "cpu-flash" : bx < 94 ? "cpu-reference" : "cuda-sm80";
   if (std::find(backends.begin(), backends.end(), o.backend) == backends.end() && o.backend != "auto")
@@ -317,7 +310,7 @@ Call generate(std::uint64_t seed, std::uint64_t index, std::int64_t max_seqlen, 
     const bool device_fault = f == Fault::device || f == Fault::all_cuda;  // together they could cancel out
     if (device_fault && std::count_if(c.faults.begin(), c.faults.end(), [](Fault g) { return g == Fault::device || g == Fault::all_cuda; }))
       continue;
-    if (inject(f, c, r, backends, skips)) c.faults.push_back(f);
+    if (inject(f, c, r, backends)) c.faults.push_back(f);
   }
   // Special values in the inputs; Inf in v only at moderate scales, where no probability of a visible key
   // underflows to 0 in float32 (0 * Inf would be NaN there and Inf in the float64 oracle). dout gets NaN

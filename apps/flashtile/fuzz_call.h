@@ -83,20 +83,9 @@ struct Expect {
   std::string backend;         // the backend that must run when the call succeeds
 };
 
-// Temporary skips: inputs the fuzzer stops generating while a library bug they hit is open. Each one is
-// printed at the start of every run and listed in bench/results/fuzz.md; --no-skips generates them again.
-struct Skips {
-  bool misaligned = true;       // misaligned data pointers: accepted, then loaded as aligned (UBSan)
-  bool rank_above_4 = true;     // TensorView::rank > 4: validation reads shape[4..] to format its message (UBSan)
-  bool empty_q_heads_bwd = true;  // backward with Hq = 0 < Hkv: dK, dV left unwritten
-  bool stride_int64_max = true;  // a stride of INT64_MAX on a dim of size 2: validation computes max_off + 1 (UBSan)
-  bool neg_row_semantics = true;  // checking such a row against the README's O = 0, LSE = -inf (kernels and oracle give NaN)
-  bool bf16_pair_scale = true;  // bf16 forward on the bf16-pair / AMX kernels with scale <= 0 or >= 1e10: LSE +-inf or NaN, O NaN
-};
-
 // `backends` is flashtile::backend_names(), `isa_paths` flashtile::cpu_isa_paths(); `max_seqlen` bounds Sq, Sk.
 Call generate(std::uint64_t seed, std::uint64_t index, std::int64_t max_seqlen, const std::vector<std::string>& backends,
-              const std::vector<std::string>& isa_paths, const std::string& default_isa, const Skips& skips);
+              const std::vector<std::string>& isa_paths, const std::string& default_isa);
 Expect expect(const Call& c, const std::vector<std::string>& backends);
 
 }  // namespace flashtile::app::fuzz
