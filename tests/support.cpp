@@ -1,5 +1,7 @@
 #include "support.h"
 
+#include "core/element.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -118,25 +120,8 @@ std::int64_t Tensor::offset(std::int64_t flat) const {
 }
 
 double Tensor::get(std::int64_t flat) const {
-  const unsigned char* base = storage_.data() + offset(flat) * static_cast<std::int64_t>(flashtile::dtype_size(dtype_));
-  switch (dtype_) {
-    case DType::float32: {
-      float x;
-      std::memcpy(&x, base, 4);
-      return x;
-    }
-    case DType::float16: {
-      _Float16 x;
-      std::memcpy(&x, base, 2);
-      return static_cast<double>(x);
-    }
-    case DType::bfloat16: {
-      std::uint16_t b;
-      std::memcpy(&b, base, 2);
-      return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
-    }
-  }
-  return 0.0;
+  return flashtile::detail::load_element(
+      storage_.data() + offset(flat) * static_cast<std::int64_t>(flashtile::dtype_size(dtype_)), dtype_);
 }
 
 void Tensor::set(std::int64_t flat, double x) {

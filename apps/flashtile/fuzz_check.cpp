@@ -1,6 +1,8 @@
 // The fuzzer's yardstick and its one tolerance rule (see fuzz_check.h).
 #include "fuzz_check.h"
 
+#include "core/element.h"
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -105,24 +107,7 @@ double eps(DType t) {
 double read_elem(const TensorView& t, std::int64_t i0, std::int64_t i1, std::int64_t i2, std::int64_t i3) {
   const std::int64_t off = i0 * t.stride[0] + i1 * t.stride[1] + i2 * t.stride[2] + (t.rank == 4 ? i3 * t.stride[3] : 0);
   const auto* p = static_cast<const unsigned char*>(t.data) + off * static_cast<std::int64_t>(dtype_size(t.dtype));
-  switch (t.dtype) {
-    case DType::float32: {
-      float x;
-      std::memcpy(&x, p, 4);
-      return x;
-    }
-    case DType::float16: {
-      _Float16 x;
-      std::memcpy(&x, p, 2);
-      return static_cast<double>(x);
-    }
-    case DType::bfloat16: {
-      std::uint16_t u;
-      std::memcpy(&u, p, 2);
-      return std::bit_cast<float>(static_cast<std::uint32_t>(u) << 16);
-    }
-  }
-  return 0;
+  return flashtile::detail::load_element(p, t.dtype);
 }
 
 Dense load(const TensorView& t) {
