@@ -2,7 +2,7 @@
 """Runs the CPU benchmark matrix and writes bench/results/cpu.md, cpu.json and cpu.png.
 
 Every cell times three libraries in ONE process, on the same values, back to back:
-  - FlashTile (cpu-flash), called through libflashtile_capi.so (ctypes, the C ABI of src/cuda/capi.cpp, which
+  - FlashTile (cpu-flash), called through libflashtile_capi.so (ctypes, the C ABI of src/capi/capi.cpp, which
     uses only the public API; bench/gpu_bench.py loads the same ABI next to torch on the GPU);
   - torch SDPA's CPU flash kernel (torch.nn.functional.scaled_dot_product_attention under
     sdpa_kernel(FLASH_ATTENTION): aten::_scaled_dot_product_flash_attention_for_cpu, what CPU users get);

@@ -5,9 +5,9 @@ Shapes (issue 4): bf16, 16k tokens in total (batch = 16384 // seqlen), d_model 2
 hdim 64/128/256, seqlen 512..32k, causal and not, forward and backward. Timing: CUDA events around each
 call, warm-up first, median of --reps (>= 20) calls. TFLOP/s: forward 4*B*H*S^2*D (halved when causal),
 backward 2.5x forward. FlashTile is called through libflashtile_capi.so (ctypes, C ABI over the public
-API; see src/cuda/capi.cpp) on the same torch tensors the peers read.
+API; see src/capi/capi.cpp) on the same torch tensors the peers read.
 
-    python3 bench/gpu_bench.py --lib build/src/cuda/libflashtile_capi.so --json out.json --md out.md
+    python3 bench/gpu_bench.py --lib build/gpu/src/libflashtile_capi.so --json out.json --md out.md
 
 With --json, bench/plots.py draws the table as out.png beside it (TFLOP/s against seqlen, one line per library).
 """
@@ -44,7 +44,7 @@ _DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
 class FlashTile:
-    """ctypes binding of src/cuda/capi.cpp. Tensors are torch tensors in FlashTile's (B, S, H, D) layout."""
+    """ctypes binding of src/capi/capi.cpp. Tensors are torch tensors in FlashTile's (B, S, H, D) layout."""
 
     def __init__(self, path):
         self.lib = ctypes.CDLL(path)
@@ -83,7 +83,7 @@ def find_lib(arg):
     cands = [arg] if arg else []
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for b in ("build/gpu", "build/release", "build"):
-        cands.append(os.path.join(root, b, "src", "cuda", "libflashtile_capi.so"))
+        cands.append(os.path.join(root, b, "src", "libflashtile_capi.so"))
     for c in cands:
         if c and os.path.exists(c):
             return c

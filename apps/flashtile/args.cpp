@@ -76,7 +76,7 @@ Args parse_args(const std::vector<std::string>& argv) {
 
 std::string usage() {
   return "usage: flashtile demo            standard attention vs FlashTile on the embedded default problem\n"
-         "       flashtile info            backends in this build, CPU ISA paths, threads\n"
+         "       flashtile info [--isa-paths] backends in this build, CPU ISA paths, threads (--isa-paths: one runnable path per line)\n"
          "       flashtile check [flags]   FlashTile vs the float64 reference (sampled rows) and vs standard attention\n"
          "       flashtile bench [flags]   time and GFLOP/s of FlashTile and standard attention in one run\n"
          "       flashtile fuzz [--calls N --seed S --skip K --max-seqlen N --verbose --buckets]\n"

@@ -5,7 +5,7 @@ FlashTile must stay within 2x the error of torch's math SDPA run in the inputs' 
 largest reference value. Causal masks are bottom-right aligned (FlashTile's convention), passed to torch as
 an explicit boolean mask; cases where a row sees no key are left to the C++ tests (torch gives NaN there).
 
-    python3 tests/gpu/test_torch_parity.py --lib build/gpu/src/cuda/libflashtile_capi.so
+    python3 tests/gpu/test_torch_parity.py --lib build/gpu/src/libflashtile_capi.so
 """
 import argparse
 import os
