@@ -50,29 +50,11 @@ const char* layout_name(Layout l) {
 
 namespace {
 
-float round_to(DType t, float x) {
-  switch (t) {
-    case DType::float16: return static_cast<float>(static_cast<_Float16>(x));
-    case DType::bfloat16: {
-      const std::uint32_t u = std::bit_cast<std::uint32_t>(x);
-      if ((u & 0x7fffffffu) > 0x7f800000u) return x;
-      return std::bit_cast<float>((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
-    }
-    case DType::float32: break;
-  }
-  return x;
-}
+using flashtile::detail::round_to;
 
 }  // namespace
 
-double eps(DType t) {
-  switch (t) {
-    case DType::float16: return std::ldexp(1.0, -10);
-    case DType::bfloat16: return std::ldexp(1.0, -7);
-    case DType::float32: break;
-  }
-  return std::ldexp(1.0, -23);
-}
+double eps(DType t) { return flashtile::detail::eps(t); }
 
 Tensor::Tensor(DType dtype, std::vector<std::int64_t> shape, Layout layout) : dtype_(dtype), shape_(std::move(shape)) {
   const int rank = static_cast<int>(shape_.size());

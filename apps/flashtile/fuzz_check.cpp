@@ -16,18 +16,7 @@ namespace {
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
 // Rounds a float to the dtype (round to nearest even), as a framework storing the tensor does.
-float rd(DType t, float x) {
-  switch (t) {
-    case DType::float16: return static_cast<float>(static_cast<_Float16>(x));
-    case DType::bfloat16: {
-      const std::uint32_t u = std::bit_cast<std::uint32_t>(x);
-      if ((u & 0x7fffffffu) > 0x7f800000u) return x;
-      return std::bit_cast<float>((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
-    }
-    case DType::float32: break;
-  }
-  return x;
-}
+float rd(DType t, float x) { return flashtile::detail::round_to(t, x); }
 
 // Visible keys of query row i are [0, key_end): the definition (bottom-right causal), written from the
 // README, not taken from the library.
@@ -95,14 +84,7 @@ Row softmax_row(const Problem& pr, std::int64_t b, std::int64_t h, std::int64_t 
 
 }  // namespace
 
-double eps(DType t) {
-  switch (t) {
-    case DType::float16: return std::ldexp(1.0, -10);
-    case DType::bfloat16: return std::ldexp(1.0, -7);
-    case DType::float32: break;
-  }
-  return std::ldexp(1.0, -23);
-}
+double eps(DType t) { return flashtile::detail::eps(t); }
 
 double read_elem(const TensorView& t, std::int64_t i0, std::int64_t i1, std::int64_t i2, std::int64_t i3) {
   const std::int64_t off = i0 * t.stride[0] + i1 * t.stride[1] + i2 * t.stride[2] + (t.rank == 4 ? i3 * t.stride[3] : 0);

@@ -1,5 +1,6 @@
-// One element of a tensor, read as a double: how test and tool code (the tests' host tensors, the fuzzer) looks at
-// memory of any FlashTile dtype. Unaligned addresses are fine (memcpy). Not for kernels: they convert whole tiles.
+// Elements of the FlashTile dtypes as test and tool code (the tests' host tensors and yardsticks, the fuzzer) sees
+// them: one element read as a double (unaligned addresses are fine), a float rounded to a dtype as a framework
+// stores it, and each dtype's machine epsilon. Not for kernels: they convert whole tiles.
 #pragma once
 
 #include <bit>
@@ -29,6 +30,30 @@ inline double load_element(const void* p, DType t) {
     }
   }
   return 0.0;
+}
+
+// x rounded to the dtype (nearest, ties to even) and widened back; NaN stays NaN.
+inline float round_to(DType t, float x) {
+  switch (t) {
+    case DType::float16: return static_cast<float>(static_cast<_Float16>(x));
+    case DType::bfloat16: {
+      const std::uint32_t u = std::bit_cast<std::uint32_t>(x);
+      if ((u & 0x7fffffffu) > 0x7f800000u) return x;
+      return std::bit_cast<float>((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
+    }
+    case DType::float32: break;
+  }
+  return x;
+}
+
+// Machine epsilon (the gap above 1) of the dtype.
+inline double eps(DType t) {
+  switch (t) {
+    case DType::float16: return 0x1p-10;
+    case DType::bfloat16: return 0x1p-7;
+    case DType::float32: break;
+  }
+  return 0x1p-23;
 }
 
 }  // namespace flashtile::detail
