@@ -1,9 +1,13 @@
 // Options shared by forward and backward.
 #pragma once
 
+#include <array>
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
+
+#include "flashtile/tensor.h"
 
 namespace flashtile {
 
@@ -13,6 +17,21 @@ struct Options {
   // Causal mask aligned to the bottom-right corner: query i sees keys j <= i + Sk - Sq
   // (FlashAttention >= 2.1). With Sq > Sk the first Sq - Sk rows see no key: O = 0, LSE = -inf.
   bool causal = false;
+  // Sliding window (left, right): query i sees keys j with i + Sk - Sq - left <= j <= i + Sk - Sq + right;
+  // -1 = unbounded on that side. causal = true means right = 0 (with any left).
+  std::array<std::int64_t, 2> window_size{-1, -1};
+  // Score capping (Gemma 2, Grok): s = softcap · tanh(s / softcap) after the scale; 0 = off.
+  float softcap = 0.0f;
+  // Optional tensors (a default TensorView, data null and rank 0, means absent), on the operands' device:
+  //   alibi_slopes [Hq] or [B, Hq] float32: s -= slope · |i + Sk - Sq - j| (after softcap);
+  //   sinks [Hq] float32: one logit per query head in the softmax's denominator that adds no value;
+  //   dsinks [Hq] float32: backward output, dL/dsinks (required when sinks is given);
+  //   cu_seqlens_q, cu_seqlens_k [B + 1] int32: variable-length (packed) batch; q, out [total_q, Hq, D],
+  //   k, v [total_k, Hkv, D], lse [Hq, total_q]; max_seqlen_q / max_seqlen_k bound every sequence's length;
+  //   seqused_k [B] int32: keys of sequence b that are used (the KV-cache form), with or without cu_seqlens_k.
+  TensorView alibi_slopes, sinks, dsinks;
+  TensorView cu_seqlens_q, cu_seqlens_k, seqused_k;
+  std::int64_t max_seqlen_q = 0, max_seqlen_k = 0;
   // "auto" or a backend name: "cpu-flash", "cpu-reference", "cuda-sm80", ...
   std::string backend = "auto";
   // Strict: a requested backend that cannot run is an error that lists its reasons; with "auto",

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/host_device.h"
 #include "flashtile/options.h"
 #include "flashtile/types.h"
 
@@ -50,12 +51,60 @@ struct AttnParams {
   void* workspace_alloc_context = nullptr;
   bool device_pointers_checked = false;
 
-  float softmax_scale = 1.0f;
+  // --- Variable-length batches (flash_attn_varlen_func). With cu_seqlens_q, q / out / dout / dq hold the
+  // batch's sequences packed along the row dimension: sequence b owns rows [cu_seqlens_q[b], cu_seqlens_q[b+1])
+  // and the batch strides are 0; likewise k / v / dk / dv with cu_seqlens_k; lse is [Hq, total_q]. The arrays
+  // are int32 [batch + 1] in memory of the operands' device (kernels read them there). seqused_k [batch], when
+  // given, is the number of keys of sequence b that are used (the rest of its rows are ignored). seqlen_q and
+  // seqlen_k hold the maxima (max_seqlen_q / max_seqlen_k), which size grids and tiles. sequence() below is the
+  // one place that turns these into a sequence's rows.
+  const std::int32_t* cu_seqlens_q = nullptr;
+  const std::int32_t* cu_seqlens_k = nullptr;
+  const std::int32_t* seqused_k = nullptr;
+  std::int64_t total_q = 0, total_k = 0;  // packed row counts (varlen), else batch * seqlen
+
+  // --- Mask (core/mask.h is the one rule). Key j is visible to query i iff
+  // i + Sk - Sq - window_left <= j <= i + Sk - Sq + window_right, -1 = unbounded on that side. Validation
+  // writes causal as window_right = 0 (and keeps `causal` for reports).
   bool causal = false;
+  std::int64_t window_left = -1, window_right = -1;
+  // Tests only: shifts the policy's left window edge by this many keys, so that a test can prove the float64
+  // oracle (which never reads the policy) catches a wrong mask. Always 0 outside that test.
+  std::int64_t test_window_bias = 0;
+
+  // --- Score hook (core/score.h is the one rule): s = softmax_scale · q·k; softcap c > 0: s = c·tanh(s / c);
+  // ALiBi: s -= slope[b][h] · |i + Sk - Sq - j|.
+  float softmax_scale = 1.0f;
+  float softcap = 0.0f;                  // 0 = off
+  const float* alibi_slopes = nullptr;   // [Hq] or [B, Hq] float32, operands' device; null = off
+  std::int64_t alibi_batch_stride = 0;   // 0 for [Hq]
+  // Attention sinks: one float32 logit per query head that takes probability mass and adds no value:
+  // lse_i = log(exp(sink_h) + Σ_j exp(s_ij)). dsinks (backward output) receives dL/dsink_h.
+  const float* sinks = nullptr;          // [Hq] float32, operands' device; null = off
+  float* dsinks = nullptr;               // [Hq] float32 (backward, required with sinks)
+
+  // --- Inference (issue 14; not read by any kernel yet). Paged KV: k / v are [num_pages, page_size, Hkv, D]
+  // and sequence b's key j lives in page page_table[b * page_table_batch_stride + j / page_size].
+  const std::int32_t* page_table = nullptr;
+  std::int64_t page_table_batch_stride = 0;
+  std::int64_t page_size = 0;
+  int num_splits = 0;                    // split-KV: 0 = the backend picks
+
   bool deterministic = false;
   int num_threads = 0;
 
   bool is_backward() const noexcept { return backward; }
+  bool is_varlen() const noexcept { return cu_seqlens_q != nullptr; }
+  bool has_window() const noexcept { return window_left >= 0 || window_right >= 0; }
+  bool has_score_hook() const noexcept { return softcap > 0.0f || alibi_slopes != nullptr; }
+  // Transitional (removed once every kernel asks core/mask.h's MaskPolicy): the causal rule without windows
+  // or varlen, as the CPU kernels used it before issue 12.
+  std::int64_t key_begin(std::int64_t /*i*/) const noexcept { return 0; }
+  std::int64_t key_end(std::int64_t i) const noexcept {
+    if (!causal) return seqlen_k;
+    const std::int64_t e = i + seqlen_k - seqlen_q + 1;
+    return e < 0 ? 0 : (e > seqlen_k ? seqlen_k : e);
+  }
   std::int64_t group() const noexcept { return heads_kv > 0 ? heads_q / heads_kv : 0; }
   // No output element exists. A backward without query rows or query heads (Sq = 0 or Hq = 0) still writes
   // dK = dV = 0 for every key of every KV head.
@@ -63,17 +112,30 @@ struct AttnParams {
     const bool no_rows = batch == 0 || heads_q == 0 || seqlen_q == 0;
     return no_rows && (!backward || batch == 0 || heads_kv == 0 || seqlen_k == 0);
   }
-
-  // Visible keys of query row i are [key_begin(i), key_end(i)); empty when begin >= end. The CPU kernels and
-  // the reference ask these two; the CUDA kernels have their own mask policy (cuda/common/mask.h), which a
-  // sliding window has to change too until one policy serves both (issue 12).
-  std::int64_t key_begin(std::int64_t /*i*/) const noexcept { return 0; }
-  // Bottom-right aligned causal: query i sees keys j <= i + Sk - Sq.
-  std::int64_t key_end(std::int64_t i) const noexcept {
-    if (!causal) return seqlen_k;
-    const std::int64_t e = i + seqlen_k - seqlen_q + 1;
-    return e < 0 ? 0 : (e > seqlen_k ? seqlen_k : e);
-  }
 };
+
+// One sequence of the batch: its first row in the (packed) row dimension of q and of k, and its lengths. Rows
+// of sequence b are at  base + b * stride.batch + (row0 + i) * stride.row  for every operand (varlen: batch
+// strides are 0; lse: stride.row = 1, so row0 + i indexes [Hq, total_q] too).
+struct SeqInfo {
+  std::int64_t q_row0 = 0, k_row0 = 0;
+  std::int64_t seqlen_q = 0, seqlen_k = 0;
+};
+
+FT_HOST_DEVICE SeqInfo sequence(const AttnParams& p, std::int64_t b) {
+  SeqInfo s;
+  s.seqlen_q = p.seqlen_q;
+  s.seqlen_k = p.seqlen_k;
+  if (p.cu_seqlens_q != nullptr) {
+    s.q_row0 = p.cu_seqlens_q[b];
+    s.seqlen_q = p.cu_seqlens_q[b + 1] - s.q_row0;
+  }
+  if (p.cu_seqlens_k != nullptr) {
+    s.k_row0 = p.cu_seqlens_k[b];
+    s.seqlen_k = p.cu_seqlens_k[b + 1] - s.k_row0;
+  }
+  if (p.seqused_k != nullptr) s.seqlen_k = p.seqused_k[b];
+  return s;
+}
 
 }  // namespace flashtile::detail
