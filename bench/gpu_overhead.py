@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """Per-call host overhead of FlashTile's torch entry point next to torch SDPA, on a tiny CUDA shape, in one process.
 
+Rows: flashtile (eager calls through flashtile._torch_ext when it loaded: C++ autograd node), flashtile_python_door
+(the same calls through the Python autograd.Function that serves where the extension is absent), torch SDPA.
+
 A tiny call (B=1, S=128, 8 heads, D=64, bf16) runs in a few microseconds on the GPU, so a loop of such calls is
 bound by the host: the time per call is what a training loop of many small layers, or an uncaptured decode step,
 pays each time. Measured: wall time per call over a loop of --loop calls (synchronised before and after), median of
@@ -27,6 +30,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashtile
+from flashtile import _torch_ops
 
 
 def per_call_us(fn, loop, repeats, warmup=50):
@@ -43,7 +47,7 @@ def per_call_us(fn, loop, repeats, warmup=50):
     return statistics.median(times)
 
 
-LIBS = ("flashtile", "torch_sdpa", "torch_flash", "torch_efficient", "torch_cudnn")
+LIBS = ("flashtile", "flashtile_python_door", "torch_sdpa", "torch_flash", "torch_efficient", "torch_cudnn")
 
 
 def interleaved(fns, loop, repeats, warmup=50):
@@ -101,7 +105,18 @@ def calls(q, k, v, dout, causal):
                 F.scaled_dot_product_attention(qtg, ktg, vtg, is_causal=causal).backward(dot)
         return fwd, fwd_bwd
 
-    out = {"flashtile": (ft_fwd, ft_fwd_bwd), "torch_sdpa": sdpa(None)}
+    def python_door(fn):
+        """The same call through the Python autograd.Function door (as where flashtile._torch_ext is absent)."""
+        def run():
+            saved, _torch_ops._ext = _torch_ops._ext, None
+            try:
+                fn()
+            finally:
+                _torch_ops._ext = saved
+        return run
+
+    out = {"flashtile": (ft_fwd, ft_fwd_bwd), "flashtile_python_door": (python_door(ft_fwd), python_door(ft_fwd_bwd)),
+           "torch_sdpa": sdpa(None)}
     for name, be in (("torch_flash", SDPBackend.FLASH_ATTENTION), ("torch_efficient", SDPBackend.EFFICIENT_ATTENTION),
                      ("torch_cudnn", SDPBackend.CUDNN_ATTENTION)):
         out[name] = sdpa(be)
@@ -219,6 +234,7 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False
     q, k, v, dout = make_inputs(a.batch, a.seqlen, a.heads, a.hdim, torch.bfloat16)
     shape = f"B={a.batch} S={a.seqlen} H={a.heads} D={a.hdim} bf16 causal={int(a.causal)}"
+    print(f"flashtile eager door: {flashtile.torch_extension()}")
     print(f"per-call wall time, {shape}, median of {a.repeats} interleaved rounds of {a.loop} calls each "
           f"({torch.cuda.get_device_name()}, torch {torch.__version__})")
     rows = {name: {} for name in LIBS}

@@ -30,9 +30,17 @@ if [ -z "${FLASHTILE_WITH_CUDA:-}" ]; then
   if nvidia-smi -L >/dev/null 2>&1; then FLASHTILE_WITH_CUDA=AUTO; else FLASHTILE_WITH_CUDA=OFF; fi
 fi
 export FLASHTILE_WITH_CUDA
+# Without build isolation, so that the build sees this interpreter's torch and compiles flashtile._torch_ext
+# against it (setup.sh installs the build requirements into the venv); with torch present the extension must
+# then load, which tests/python/test_torch_extension.py checks (FLASHTILE_REQUIRE_TORCH_EXT=1).
+if "$PY" -c "import torch; print('torch', torch.__version__)" 2>/dev/null; then
+  export FLASHTILE_REQUIRE_TORCH_EXT=1 FLASHTILE_TORCH_EXT=ON
+else
+  echo "torch: not installed"
+fi
 echo "== pip install .[test] with $PY  (FLASHTILE_WERROR=ON, FLASHTILE_WITH_CUDA=$FLASHTILE_WITH_CUDA)"
-FLASHTILE_WERROR=ON "$PY" -m pip install --quiet --disable-pip-version-check ${FLASHTILE_PIP_ARGS:-} ".[test]"
-"$PY" -c "import torch; print('torch', torch.__version__)" 2>/dev/null || echo "torch: not installed"
+FLASHTILE_WERROR=ON "$PY" -m pip install --quiet --disable-pip-version-check --no-build-isolation \
+  ${FLASHTILE_PIP_ARGS:-} ".[test]"
 
 echo "== pytest tests/python"
 set +e

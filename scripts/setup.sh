@@ -99,6 +99,15 @@ if "$venv_py" -c "import pytest, numpy, ml_dtypes" 2>/dev/null; then
 else
   pip_install "pytest numpy ml_dtypes" "pytest>=7" "numpy>=1.22" "ml_dtypes>=0.2"
 fi
+# The build requirements from pyproject.toml (one list): scripts/ci_python.sh builds without isolation, so that the
+# build sees the venv's torch and compiles flashtile._torch_ext against it.
+build_reqs=$("$venv_py" -c "import tomllib; print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['build-system']['requires']))")
+if "$venv_py" -c "import scikit_build_core, nanobind" 2>/dev/null; then
+  say "Python build requirements present (scikit-build-core, nanobind)"
+else
+  # shellcheck disable=SC2086
+  pip_install "$build_reqs (the package's build requirements)" $build_reqs
+fi
 # torch: PyPI's Linux wheel is the CUDA build, ~3 GB to download and ~5 GB installed (measured ~2 min here).
 if [ "${FLASHTILE_CI_TORCH:-1}" != 1 ]; then
   say "FLASHTILE_CI_TORCH=${FLASHTILE_CI_TORCH}: torch not installed, the torch tests will skip"

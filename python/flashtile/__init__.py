@@ -5,8 +5,9 @@
     print(flashtile.last_dispatch())                           # which kernel ran, and why not others
 
 Tensors cross into the C++ library without copies (numpy through DLPack, torch tensors through their
-attributes). Eager torch calls use an autograd.Function; under torch.compile they become the custom ops
-flashtile::fwd / flashtile::bwd. torch is optional.
+attributes). Eager torch calls use the op flashtile_ext::attention of the compiled extension flashtile._torch_ext
+(C++ autograd node), or a Python autograd.Function where that extension is absent (torch_extension() says which);
+under torch.compile they become the custom ops flashtile::fwd / flashtile::bwd. torch is optional.
 """
 
 from ._core import (
@@ -28,6 +29,7 @@ from ._api import (
     flash_attn_func,
     last_dispatch,
     scaled_dot_product_attention,
+    torch_extension,
 )
 
 __all__ = [
@@ -36,6 +38,7 @@ __all__ = [
     "scaled_dot_product_attention",
     "explain",
     "last_dispatch",
+    "torch_extension",
     "backend_names",
     "DispatchReport",
     "KernelInfo",

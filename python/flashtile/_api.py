@@ -137,3 +137,12 @@ def explain(q, k, v, *, softmax_scale=None, causal=False, backend="auto", strict
 
 
 last_dispatch = _common.last_dispatch
+
+
+def torch_extension() -> str:
+    """Which door eager torch calls take: the compiled extension flashtile._torch_ext (its op has a C++
+    autograd node; the cheapest per call) or, when it is absent or did not load, a Python autograd.Function;
+    with the reason. The results are the same either way; only the per-call host time differs."""
+    if _torch_ops is None:
+        return "torch is not installed"
+    return _torch_ops.extension_status

@@ -1,7 +1,9 @@
 """The torch path: forward and backward on torch tensors, with autograd, for eager calls and for torch.compile.
 
-Two doors to the same two functions (_forward, _backward), chosen per call by forward():
-  * eager: a torch.autograd.Function (or, when no gradient is wanted, a plain call). On the H200 host the
+Three doors to the same library calls, chosen per call by forward():
+  * eager, when flashtile._torch_ext loaded: its op flashtile_ext::attention, whose autograd node is C++ and which
+    reads tensors as at::Tensors (python/src/torch_ext.cpp); the cheapest per call;
+  * eager otherwise: a torch.autograd.Function (or, when no gradient is wanted, a plain call). On the H200 host the
     torch.library custom op's own Python machinery cost ~35 us per forward, twice a tiny call's whole budget
     (bench/results/overhead.md), so eager calls do not go through it;
   * torch.compile: the custom ops flashtile::fwd / flashtile::bwd with fake kernels and a registered autograd
@@ -15,6 +17,8 @@ op and can be captured.
 # No `from __future__ import annotations`: torch.library.custom_op reads these annotations as types.
 from typing import Optional, Tuple
 
+import os
+
 import torch
 
 from . import _core
@@ -22,6 +26,40 @@ from ._common import check_float, check_rank, kind_name
 
 Tensor = torch.Tensor
 _current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _load_extension():
+    """(the op flashtile_ext::attention or None, a line saying which door eager calls take and why)."""
+    if os.environ.get("FLASHTILE_USE_TORCH_EXT", "1") == "0":
+        return None, "off (FLASHTILE_USE_TORCH_EXT=0): eager calls use the Python autograd.Function"
+    path = os.path.join(os.path.dirname(__file__), "_torch_ext.so")
+    if not os.path.exists(path):
+        return None, ("not built (torch was not importable when flashtile was built; build with "
+                      "`pip install --no-build-isolation .`): eager calls use the Python autograd.Function")
+    try:
+        torch.ops.load_library(path)
+        torch.ops.flashtile_ext.set_bridge(_core.torch_bridge())
+    except Exception as e:  # a torch other than the one it was built against, most likely
+        return None, f"not loaded ({type(e).__name__}: {e}): eager calls use the Python autograd.Function"
+    return torch.ops.flashtile_ext.attention.default, f"loaded from {path}"
+
+
+_ext, extension_status = _load_extension()
+# 1 + flashtile::ErrorCode, as python/src/bridge.h returns it.
+_ext_errors = {1: _core.InvalidArgumentError, 2: _core.DTypeError, 3: _core.DeviceError, 4: _core.UnsupportedError,
+               5: _core.BackendError}
+
+
+def _ext_error(e: RuntimeError):
+    """The flashtile exception a tagged extension error stands for; None for "[flashtile:fallback]"."""
+    text = str(e)
+    at = text.find("[flashtile:")
+    if at < 0:
+        return e
+    tag, _, rest = text[at + 11:].partition("] ")
+    if tag == "fallback":
+        return None
+    return _ext_errors.get(int(tag) if tag.isdigit() else 0, RuntimeError)(rest)
 
 
 def _stream(q: Tensor) -> int:
@@ -153,6 +191,14 @@ def forward(q, k, v, softmax_scale, causal, backend, strict, deterministic):
         check((("q", q, Q), ("k", k, K), ("v", v, V)))  # raises the error that names the argument
     if torch.compiler.is_compiling():
         return fwd(q, k, v, softmax_scale, causal, backend, strict, deterministic)
+    if _ext is not None:
+        try:
+            return _ext(q, k, v, None, None, softmax_scale, causal, -1, -1, 0.0, backend, strict, deterministic)
+        except RuntimeError as e:
+            err = _ext_error(e)
+            if err is not None:
+                raise err from None
+            # fallback: a tensor the extension's fast path does not take; the path below names the problem.
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _Attention.apply(q, k, v, softmax_scale, causal, backend, strict, deterministic)
     return _forward(q, k, v, softmax_scale, causal, backend, strict)

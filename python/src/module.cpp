@@ -7,10 +7,13 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
+#include <cstring>
+#include <exception>
 #include <mutex>
 #include <optional>
 #include <string>
 
+#include "bridge.h"
 #include "errors.h"
 #include "flashtile/flashtile.h"
 #include "tensors.h"
@@ -131,6 +134,56 @@ void backward_torch(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb
   record(flashtile::backward(tq, tk, tv, to, tdo, tl, tdq, tdk, tdv, o));
 }
 
+// The bridge's entry points (bridge.h): the library call and the report, errors turned into codes.
+int bridge_status(const std::exception_ptr& e, char* msg, std::size_t len) noexcept {
+  int code = kBridgeOtherError;
+  const char* what = "unknown error";
+  try {
+    std::rethrow_exception(e);
+  } catch (const Error& x) {
+    code = 1 + static_cast<int>(x.code());
+    what = x.what();
+  } catch (const std::exception& x) {
+    what = x.what();
+  } catch (...) {
+  }
+  if (msg != nullptr && len > 0) {
+    std::strncpy(msg, what, len - 1);
+    msg[len - 1] = '\0';
+  }
+  return code;
+}
+
+int bridge_forward(const TensorView* t, const Options& o, char* msg, std::size_t len) noexcept {
+  try {
+    record(flashtile::forward(t[0], t[1], t[2], t[3], t[4], o));
+    return 0;
+  } catch (...) {
+    return bridge_status(std::current_exception(), msg, len);
+  }
+}
+
+int bridge_backward(const TensorView* t, const Options& o, char* msg, std::size_t len) noexcept {
+  try {
+    record(flashtile::backward(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], o));
+    return 0;
+  } catch (...) {
+    return bridge_status(std::current_exception(), msg, len);
+  }
+}
+
+// The table's address, for flashtile_ext::set_bridge (an integer through torch.ops: the extension and this
+// module share no Python types).
+std::uintptr_t torch_bridge() {
+  static const Bridge table = [] {
+    Bridge b;
+    b.forward = &bridge_forward;
+    b.backward = &bridge_backward;
+    return b;
+  }();
+  return reinterpret_cast<std::uintptr_t>(&table);
+}
+
 nb::dict kernel_dict(const KernelInfo& k) {
   nb::dict d;
   d["backend"] = k.backend;
@@ -208,6 +261,7 @@ NB_MODULE(_core, m) {
         "Runs (or, with explain=True, only plans) the backward pass into the caller's dq, dk and dv.");
   m.def("forward_torch", &forward_torch, "Forward on torch tensors (the torch path's hot call).");
   m.def("backward_torch", &backward_torch, "Backward on torch tensors (the torch path's hot call).");
+  m.def("torch_bridge", &torch_bridge, "Address of the entry-point table for flashtile._torch_ext (bridge.h).");
   m.def("last_report", &last_report, "The report of the most recent call made through this module (any thread).");
   m.def("backend_names", &flashtile::backend_names, "Backends compiled into this build, in auto priority order.");
 }

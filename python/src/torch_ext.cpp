@@ -1,0 +1,277 @@
+// flashtile._torch_ext: the op flashtile_ext::attention for eager torch calls, with its autograd node in C++.
+//
+// Why it exists: on a tiny call the Python autograd.Function path costs ~75 us more per forward+backward than
+// torch's own SDPA, in the autograd engine calling a Python node and in reading nine tensors through their Python
+// attributes (bench/results/overhead.md). Here the tensors are at::Tensors, the node is a C++
+// torch::autograd::Function, and outputs and the backward's scratch come from torch's allocator (so a CUDA graph
+// capture allocates from its pool). The library itself is called through the table flashtile._core hands over
+// (bridge.h): this module links libtorch only.
+//
+// Errors: a library error comes out as a RuntimeError whose text starts with "[flashtile:N] " (N = 1 +
+// flashtile::ErrorCode); the Python caller raises the matching flashtile exception. Tensors this fast path does
+// not take (a dtype, device or rank the library does not support) raise "[flashtile:fallback]": the caller then
+// takes the general path, which names the problem exactly as for every other entry point.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bridge.h"
+
+namespace flashtile::python {
+namespace {
+
+using torch::autograd::AutogradContext;
+using TensorList = std::vector<at::Tensor>;
+
+const Bridge* g_bridge = nullptr;
+
+const Bridge& bridge() {
+  TORCH_CHECK(g_bridge != nullptr, "[flashtile:fallback] flashtile_ext: set_bridge was not called");
+  return *g_bridge;
+}
+
+void set_bridge(std::int64_t address) {
+  const auto* b = reinterpret_cast<const Bridge*>(static_cast<std::uintptr_t>(address));
+  TORCH_CHECK(b != nullptr && b->options_size == sizeof(Options) && b->view_size == sizeof(TensorView) &&
+                  b->forward != nullptr && b->backward != nullptr,
+              "flashtile_ext: the entry-point table does not match this build of flashtile._core");
+  g_bridge = b;
+}
+
+[[noreturn]] void fallback(const char* why) { TORCH_CHECK(false, "[flashtile:fallback] ", why); }
+
+void check(int status, const std::array<char, 2048>& msg) {
+  if (status != 0) TORCH_CHECK(false, "[flashtile:", status, "] ", msg.data());
+}
+
+// A TensorView of t, or a fallback for what only the general path describes properly.
+TensorView view(const at::Tensor& t) {
+  TensorView v;
+  switch (t.scalar_type()) {
+    case at::kFloat: v.dtype = DType::float32; break;
+    case at::kHalf: v.dtype = DType::float16; break;
+    case at::kBFloat16: v.dtype = DType::bfloat16; break;
+    default: fallback("dtype");
+  }
+  if (t.is_cuda()) {
+    v.device = Device::cuda;
+    v.device_index = t.get_device();
+  } else if (!t.is_cpu()) {
+    fallback("device");
+  }
+  if (t.dim() > 4) fallback("rank");
+  v.rank = static_cast<int>(t.dim());
+  for (int i = 0; i < v.rank; ++i) {
+    v.shape[static_cast<std::size_t>(i)] = t.size(i);
+    v.stride[static_cast<std::size_t>(i)] = t.stride(i);
+  }
+  // An empty tensor's strides carry no layout; the library expects row-major ones (as the Python path gives).
+  if (t.numel() == 0) {
+    std::int64_t s = 1;
+    for (int i = v.rank - 1; i >= 0; --i) {
+      v.stride[static_cast<std::size_t>(i)] = s;
+      s *= std::max<std::int64_t>(v.shape[static_cast<std::size_t>(i)], 1);
+    }
+  }
+  v.data = t.data_ptr();
+  return v;
+}
+
+// The op's non-tensor arguments, kept in the autograd context between forward and backward.
+struct Call {
+  std::optional<double> softmax_scale;
+  bool causal = false;
+  std::int64_t window_left = -1, window_right = -1;
+  double softcap = 0.0;
+  std::string backend;
+  bool strict = false;
+  bool deterministic = false;
+};
+
+void* current_stream(const at::Tensor& q) {
+  if (!q.is_cuda()) return nullptr;
+  // Through c10's device-generic guard interface, so this module needs neither CUDA headers nor libc10_cuda.
+  const c10::impl::DeviceGuardImplInterface* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  return impl->getStreamNativeHandle(impl->getStream(q.device()));
+}
+
+Options options(const Call& c, const at::Tensor& q, const std::optional<at::Tensor>& alibi,
+                const std::optional<at::Tensor>& sinks) {
+  Options o;
+  if (c.softmax_scale) o.softmax_scale = static_cast<float>(*c.softmax_scale);
+  o.causal = c.causal;
+  o.window_size = {c.window_left, c.window_right};
+  o.softcap = static_cast<float>(c.softcap);
+  o.backend = c.backend;
+  o.strict = c.strict;
+  o.deterministic = c.deterministic;
+  o.cuda_stream = current_stream(q);
+  o.device_pointers_checked = true;  // torch tensors: data_ptr is memory of the device they report
+  if (alibi && alibi->defined()) o.alibi_slopes = view(*alibi);
+  if (sinks && sinks->defined()) o.sinks = view(*sinks);
+  return o;
+}
+
+void require_rank4(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) fallback("rank");
+}
+
+std::tuple<at::Tensor, at::Tensor> run_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                               const std::optional<at::Tensor>& alibi,
+                                               const std::optional<at::Tensor>& sinks, const Call& c) {
+  require_rank4(q, k, v);
+  const Options o = options(c, q, alibi, sinks);
+  at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());
+  at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(at::kFloat));
+  const std::array<TensorView, 5> t{view(q), view(k), view(v), view(out), view(lse)};
+  std::array<char, 2048> msg{};
+  check(bridge().forward(t.data(), o, msg.data(), msg.size()), msg);
+  return {out, lse};
+}
+
+// Options::workspace_alloc: the backward's scratch from torch's allocator (the graph's pool under capture), kept
+// until the call returns; the caching allocator orders its reuse after the work queued on the stream.
+struct Workspace {
+  at::TensorOptions options;
+  at::Tensor tensor;
+};
+
+void* workspace_alloc(std::size_t bytes, void* context) noexcept {
+  auto* w = static_cast<Workspace*>(context);
+  try {
+    w->tensor = at::empty({static_cast<std::int64_t>(bytes)}, w->options);
+    return w->tensor.data_ptr();
+  } catch (...) {
+    return nullptr;  // the library reports a failed allocation
+  }
+}
+
+TensorList run_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                        at::Tensor dout, const at::Tensor& lse, const std::optional<at::Tensor>& alibi,
+                        const std::optional<at::Tensor>& sinks, const Call& c) {
+  // Gradients of reductions arrive expanded (stride 0); the kernels need a unit-stride last dimension.
+  if (dout.dim() > 0 && dout.stride(-1) != 1) dout = dout.contiguous();
+  Options o = options(c, q, alibi, sinks);
+  at::Tensor dq = at::empty(q.sizes(), q.options());
+  // With no query rows no kernel runs, and dk, dv (sums over query rows) must be zero.
+  const bool no_rows = q.size(1) == 0;
+  at::Tensor dk = no_rows ? at::zeros(k.sizes(), q.options()) : at::empty(k.sizes(), q.options());
+  at::Tensor dv = no_rows ? at::zeros(v.sizes(), q.options()) : at::empty(v.sizes(), q.options());
+  at::Tensor dsinks;
+  if (sinks && sinks->defined()) {
+    dsinks = at::empty(sinks->sizes(), sinks->options());
+    o.dsinks = view(dsinks);
+  }
+  Workspace ws{q.options().dtype(at::kByte), {}};
+  o.workspace_alloc = &workspace_alloc;
+  o.workspace_alloc_context = &ws;
+  const std::array<TensorView, 9> t{view(q),    view(k),   view(v),  view(out), view(dout),
+                                    view(lse),  view(dq),  view(dk), view(dv)};
+  std::array<char, 2048> msg{};
+  check(bridge().backward(t.data(), o, msg.data(), msg.size()), msg);
+  return {dq, dk, dv, dsinks};
+}
+
+class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
+ public:
+  static TensorList forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const std::optional<at::Tensor>& alibi, const std::optional<at::Tensor>& sinks,
+                            const Call& c) {
+    auto [out, lse] = run_forward(q, k, v, alibi, sinks, c);
+    // out and lse are all the backward needs: P is recomputed, never stored.
+    ctx->save_for_backward({q, k, v, out, lse, alibi.value_or(at::Tensor()), sinks.value_or(at::Tensor())});
+    ctx->saved_data["softmax_scale"] = c.softmax_scale;
+    ctx->saved_data["causal"] = c.causal;
+    ctx->saved_data["window_left"] = c.window_left;
+    ctx->saved_data["window_right"] = c.window_right;
+    ctx->saved_data["softcap"] = c.softcap;
+    ctx->saved_data["backend"] = c.backend;
+    ctx->saved_data["strict"] = c.strict;
+    ctx->saved_data["deterministic"] = c.deterministic;
+    // The library's backward takes no gradient for lse: a loss that used it must not get a silently wrong
+    // gradient, so lse is a constant for autograd, and no zero gradient is materialised for it.
+    ctx->mark_non_differentiable({lse});
+    ctx->set_materialize_grads(false);
+    return {out, lse};
+  }
+
+  static TensorList backward(AutogradContext* ctx, TensorList grads) {
+    const at::Tensor& dout = grads[0];
+    if (!dout.defined()) return TensorList(6);  // out did not reach the loss
+    const TensorList s = ctx->get_saved_variables();
+    Call c;
+    const c10::IValue& scale = ctx->saved_data["softmax_scale"];
+    if (!scale.isNone()) c.softmax_scale = scale.toDouble();
+    c.causal = ctx->saved_data["causal"].toBool();
+    c.window_left = ctx->saved_data["window_left"].toInt();
+    c.window_right = ctx->saved_data["window_right"].toInt();
+    c.softcap = ctx->saved_data["softcap"].toDouble();
+    c.backend = ctx->saved_data["backend"].toStringRef();
+    c.strict = ctx->saved_data["strict"].toBool();
+    c.deterministic = ctx->saved_data["deterministic"].toBool();
+    const std::optional<at::Tensor> alibi = s[5].defined() ? std::optional<at::Tensor>(s[5]) : std::nullopt;
+    const std::optional<at::Tensor> sinks = s[6].defined() ? std::optional<at::Tensor>(s[6]) : std::nullopt;
+    TensorList g = run_backward(s[0], s[1], s[2], s[3], dout, s[4], alibi, sinks, c);
+    return {g[0], g[1], g[2], at::Tensor(), g[3], at::Tensor()};
+  }
+};
+
+Call make_call(std::optional<double> softmax_scale, bool causal, std::int64_t window_left,
+               std::int64_t window_right, double softcap, const std::string& backend, bool strict,
+               bool deterministic) {
+  return Call{softmax_scale, causal, window_left, window_right, softcap, backend, strict, deterministic};
+}
+
+std::tuple<at::Tensor, at::Tensor> attention_autograd(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& alibi,
+    const std::optional<at::Tensor>& sinks, std::optional<double> softmax_scale, bool causal,
+    std::int64_t window_left, std::int64_t window_right, double softcap, std::string backend, bool strict,
+    bool deterministic) {
+  const Call c = make_call(softmax_scale, causal, window_left, window_right, softcap, backend, strict,
+                           deterministic);
+  TensorList r = AttentionFunction::apply(q, k, v, alibi, sinks, c);
+  return {r[0], r[1]};
+}
+
+// Below autograd (inference mode, or a caller that excluded the autograd keys): the forward alone.
+std::tuple<at::Tensor, at::Tensor> attention_plain(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& alibi,
+    const std::optional<at::Tensor>& sinks, std::optional<double> softmax_scale, bool causal,
+    std::int64_t window_left, std::int64_t window_right, double softcap, std::string backend, bool strict,
+    bool deterministic) {
+  return run_forward(q, k, v, alibi, sinks,
+                     make_call(softmax_scale, causal, window_left, window_right, softcap, backend, strict,
+                               deterministic));
+}
+
+}  // namespace
+}  // namespace flashtile::python
+
+TORCH_LIBRARY(flashtile_ext, m) {
+  m.def("set_bridge(int address) -> ()", &flashtile::python::set_bridge);
+  m.def(
+      "attention(Tensor q, Tensor k, Tensor v, Tensor? alibi_slopes, Tensor? sinks, float? softmax_scale, "
+      "bool causal, int window_left, int window_right, float softcap, str backend, bool strict, "
+      "bool deterministic) -> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(flashtile_ext, Autograd, m) {
+  m.impl("attention", &flashtile::python::attention_autograd);
+}
+
+TORCH_LIBRARY_IMPL(flashtile_ext, CPU, m) {
+  m.impl("attention", &flashtile::python::attention_plain);
+}
+
+TORCH_LIBRARY_IMPL(flashtile_ext, CUDA, m) {
+  m.impl("attention", &flashtile::python::attention_plain);
+}
