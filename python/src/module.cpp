@@ -8,7 +8,6 @@
 
 #include <cstdint>
 #include <cstring>
-#include <exception>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -134,19 +133,9 @@ void backward_torch(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb
   record(flashtile::backward(tq, tk, tv, to, tdo, tl, tdq, tdk, tdv, o));
 }
 
-// The bridge's entry points (bridge.h): the library call and the report, errors turned into codes.
-int bridge_status(const std::exception_ptr& e, char* msg, std::size_t len) noexcept {
-  int code = kBridgeOtherError;
-  const char* what = "unknown error";
-  try {
-    std::rethrow_exception(e);
-  } catch (const Error& x) {
-    code = 1 + static_cast<int>(x.code());
-    what = x.what();
-  } catch (const std::exception& x) {
-    what = x.what();
-  } catch (...) {
-  }
+// The bridge's entry points (bridge.h): the library call and the report, errors turned into codes. Each catches
+// by type in its own frame (no std::exception_ptr: nothing here depends on which C++ runtime copy made it).
+int bridge_error(int code, const char* what, char* msg, std::size_t len) noexcept {
   if (msg != nullptr && len > 0) {
     std::strncpy(msg, what, len - 1);
     msg[len - 1] = '\0';
@@ -158,8 +147,12 @@ int bridge_forward(const TensorView* t, const Options& o, char* msg, std::size_t
   try {
     record(flashtile::forward(t[0], t[1], t[2], t[3], t[4], o));
     return 0;
+  } catch (const Error& e) {
+    return bridge_error(1 + static_cast<int>(e.code()), e.what(), msg, len);
+  } catch (const std::exception& e) {
+    return bridge_error(kBridgeOtherError, e.what(), msg, len);
   } catch (...) {
-    return bridge_status(std::current_exception(), msg, len);
+    return bridge_error(kBridgeOtherError, "unknown error", msg, len);
   }
 }
 
@@ -167,8 +160,12 @@ int bridge_backward(const TensorView* t, const Options& o, char* msg, std::size_
   try {
     record(flashtile::backward(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], o));
     return 0;
+  } catch (const Error& e) {
+    return bridge_error(1 + static_cast<int>(e.code()), e.what(), msg, len);
+  } catch (const std::exception& e) {
+    return bridge_error(kBridgeOtherError, e.what(), msg, len);
   } catch (...) {
-    return bridge_status(std::current_exception(), msg, len);
+    return bridge_error(kBridgeOtherError, "unknown error", msg, len);
   }
 }
 
