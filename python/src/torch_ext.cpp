@@ -34,23 +34,32 @@ using TensorList = std::vector<at::Tensor>;
 
 const Bridge* g_bridge = nullptr;
 
+// Every error leaves as a c10::Error (a RuntimeError in Python) tagged for the caller. The text is put together
+// with std::string alone: c10's message formatting is an inline std::ostringstream, and formatting a number
+// through it in this module crashed on the GPU machine (two C++ runtime copies' locale data mixed, the hazard
+// python/CMakeLists.txt describes for _core).
+[[noreturn]] void fail(const std::string& tag, const char* what) {
+  throw c10::Error(c10::SourceLocation{__func__, __FILE__, static_cast<std::uint32_t>(__LINE__)},
+                   "[flashtile:" + tag + "] " + what);
+}
+
+[[noreturn]] void fallback(const char* why) { fail("fallback", why); }
+
 const Bridge& bridge() {
-  TORCH_CHECK(g_bridge != nullptr, "[flashtile:fallback] flashtile_ext: set_bridge was not called");
+  if (g_bridge == nullptr) fallback("flashtile_ext: set_bridge was not called");
   return *g_bridge;
 }
 
 void set_bridge(std::int64_t address) {
   const auto* b = reinterpret_cast<const Bridge*>(static_cast<std::uintptr_t>(address));
-  TORCH_CHECK(b != nullptr && b->options_size == sizeof(Options) && b->view_size == sizeof(TensorView) &&
-                  b->forward != nullptr && b->backward != nullptr,
-              "flashtile_ext: the entry-point table does not match this build of flashtile._core");
+  if (b == nullptr || b->options_size != sizeof(Options) || b->view_size != sizeof(TensorView) ||
+      b->forward == nullptr || b->backward == nullptr)
+    fail(std::to_string(kBridgeOtherError), "flashtile_ext: the entry-point table does not match this build");
   g_bridge = b;
 }
 
-[[noreturn]] void fallback(const char* why) { TORCH_CHECK(false, "[flashtile:fallback] ", why); }
-
 void check(int status, const std::array<char, 2048>& msg) {
-  if (status != 0) TORCH_CHECK(false, "[flashtile:", status, "] ", msg.data());
+  if (status != 0) fail(std::to_string(status), msg.data());
 }
 
 // A TensorView of t, or a fallback for what only the general path describes properly.
