@@ -211,15 +211,15 @@ void check_softcap(const Options& o, AttnParams& p) {
 Span check_vector(const Arg& a, const TensorView& q, std::initializer_list<std::vector<std::int64_t>> shapes) {
   check_dtype(a, DType::float32, "the required float32");
   check_same_device(a, q);
+  std::ostringstream accepted;
+  for (const auto& want : shapes) accepted << (accepted.tellp() > 0 ? " or " : "") << dims_str(want);
   for (const auto& want : shapes) {
     if (a.t.rank != static_cast<int>(want.size())) continue;
     const Span span = check_layout(a, a.t.rank);
-    check_dims(a, want);
+    if (!std::equal(want.begin(), want.end(), a.t.shape.begin())) break;
     return span;
   }
-  std::ostringstream s;
-  for (const auto& want : shapes) s << (s.tellp() > 0 ? " or " : "") << dims_str(want);
-  fail<InvalidArgument>(a.name, ": expected shape ", s.str(), " ", a.layout, ", got ", shape_str(a.t));
+  fail<InvalidArgument>(a.name, ": expected shape ", accepted.str(), " ", a.layout, ", got ", shape_str(a.t));
 }
 
 void check_alibi(Checked& c, const Options& o, const TensorView& q) {
@@ -269,18 +269,19 @@ void check_cu_values(const char* name, const TensorView& cu, std::int64_t total,
                      const char* max_name, std::int64_t max_len) {
   const std::int64_t n = cu.shape[0];
   if (entry(cu, 0) != 0) fail<InvalidArgument>(name, ": must start at 0, got ", name, "[0] = ", entry(cu, 0));
-  for (std::int64_t b = 1; b < n; ++b) {
-    const std::int64_t len = std::int64_t{entry(cu, b)} - entry(cu, b - 1);
-    if (len < 0)
+  for (std::int64_t b = 1; b < n; ++b)
+    if (entry(cu, b) < entry(cu, b - 1))
       fail<InvalidArgument>(name, ": must be non-decreasing, got ", name, "[", b, "] = ", entry(cu, b), " < ", name,
                             "[", b - 1, "] = ", entry(cu, b - 1));
+  if (entry(cu, n - 1) != total)
+    fail<InvalidArgument>(name, ": must end at the packed length ", total_name, " = ", total, ", got ", name, "[",
+                          n - 1, "] = ", entry(cu, n - 1));
+  for (std::int64_t b = 1; b < n; ++b) {
+    const std::int64_t len = std::int64_t{entry(cu, b)} - entry(cu, b - 1);
     if (len > max_len)
       fail<InvalidArgument>(max_name, ": ", max_len, " is smaller than sequence ", b - 1, "'s length ", len, " (",
                             name, ")");
   }
-  if (entry(cu, n - 1) != total)
-    fail<InvalidArgument>(name, ": must end at the packed length ", total_name, " = ", total, ", got ", name, "[",
-                          n - 1, "] = ", entry(cu, n - 1));
 }
 
 // cu_seqlens_q / cu_seqlens_k (both or neither) and seqused_k. Values are read only for host tensors: CUDA
