@@ -231,3 +231,42 @@ TEST(VariantsSinks, RowWithoutKeysHasLseSinkAndZeroOutput) {
 
 }  // namespace
 }  // namespace ft_test
+
+namespace ft_test {
+namespace {
+
+// The dispatch report names the mask and the score hooks the kernel ran with.
+TEST(VariantsReport, NamesMaskAndScoreHooks) {
+  auto rng = test_rng();
+  const auto report_of = [&](const VarCase& c) {
+    VarProblem p(c, rng);
+    return flashtile::forward(p.q->view(), p.k->view(), p.v->view(), p.out->view(), p.lse->view(), p.options()).ran;
+  };
+  VarCase plain;
+  plain.sq = plain.sk = 4;
+  EXPECT_EQ(report_of(plain).mask, "none");
+  EXPECT_TRUE(report_of(plain).score_hooks.empty());
+  VarCase causal = plain;
+  causal.causal = true;
+  EXPECT_EQ(report_of(causal).mask, "causal");
+  VarCase sliding = causal;
+  sliding.window = {2, -1};
+  EXPECT_EQ(report_of(sliding).mask, "window(2, 0)");
+  VarCase varlen = plain;
+  varlen.lens_q = {2, 3};
+  varlen.lens_k = {4, 1};
+  varlen.window = {1, 1};
+  varlen.softcap = 30.0f;
+  varlen.alibi = 1;
+  varlen.sinks = true;
+  const flashtile::KernelInfo k = report_of(varlen);
+  EXPECT_EQ(k.mask, "varlen+window(1, 1)");
+  EXPECT_EQ(k.score_hooks, (std::vector<std::string>{"softcap(30)", "alibi", "sinks"}));
+  VarProblem p(varlen, rng);
+  const std::string text =
+      flashtile::forward(p.q->view(), p.k->view(), p.v->view(), p.out->view(), p.lse->view(), p.options()).to_string();
+  EXPECT_NE(text.find("mask=varlen+window(1, 1) hooks=softcap(30),alibi,sinks"), std::string::npos) << text;
+}
+
+}  // namespace
+}  // namespace ft_test
