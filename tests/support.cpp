@@ -121,6 +121,11 @@ void Tensor::set(std::int64_t flat, double x) {
       std::memcpy(base, &b, 2);
       break;
     }
+    case DType::int32: {  // index tensors: x is an integer
+      const auto i = static_cast<std::int32_t>(x);
+      std::memcpy(base, &i, 4);
+      break;
+    }
   }
 }
 
@@ -134,7 +139,10 @@ void Tensor::fill(double x) {
   const std::size_t es = flashtile::dtype_size(dtype_);
   std::vector<unsigned char> one(es);
   const float f = round_to(dtype_, static_cast<float>(x));
-  if (dtype_ == DType::float32) {
+  if (dtype_ == DType::int32) {
+    const auto i = std::isfinite(x) ? static_cast<std::int32_t>(x) : std::int32_t{-1};
+    std::memcpy(one.data(), &i, 4);
+  } else if (dtype_ == DType::float32) {
     std::memcpy(one.data(), &f, 4);
   } else if (dtype_ == DType::float16) {
     const _Float16 h = static_cast<_Float16>(f);

@@ -79,6 +79,8 @@ std::string usage() {
          "       flashtile info [--isa-paths] backends in this build, CPU ISA paths, threads (--isa-paths: one runnable path per line)\n"
          "       flashtile check [flags]   FlashTile vs the float64 reference (sampled rows) and vs standard attention\n"
          "       flashtile bench [flags]   time and GFLOP/s of FlashTile and standard attention in one run\n"
+         "       flashtile bench-variants [--threads N --iters N --heads N --hdim N --quick --cells window,hooks,varlen]\n"
+         "                                 window / score hooks / varlen against their plain peers, one process\n"
          "       flashtile fuzz [--calls N --seed S --skip K --max-seqlen N --verbose --buckets]\n"
          "                                 random API calls: each must match the float64 oracle or throw its typed error\n"
          "flags: --batch N --heads N --kv-heads N --seqlen N | --seqlen-q N --seqlen-k N --hdim N --hdim-v N\n"

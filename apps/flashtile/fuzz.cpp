@@ -143,7 +143,8 @@ void check_results(const Call& c, const Arena& m, std::mt19937_64& rng, std::int
   Options ro;
   ro.softmax_scale = c.options.softmax_scale;
   ro.causal = c.options.causal;
-  Problem pr{load(v[Q]), load(v[K]), load(v[V]), {}, 0.0f, c.options.causal, c.dtype};
+  ro.window_size = c.options.window_size;
+  Problem pr{load(v[Q]), load(v[K]), load(v[V]), {}, 0.0f, c.options.causal, c.dtype, c.options.window_size};
   pr.scale = c.options.softmax_scale ? *c.options.softmax_scale : 1.0f / std::sqrt(static_cast<float>(c.d));
   if (c.op == Op::forward) {
     auto rows = sample_rows(c.sq, rng);

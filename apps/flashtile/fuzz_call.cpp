@@ -28,7 +28,7 @@ const char* fault_name(Fault f) {
   static const char* const names[] = {"dtype", "lse_dtype", "device", "device_index", "null_data", "misaligned",
                                       "neg_size", "neg_stride", "last_stride", "overflow_stride", "self_overlap",
                                       "rank", "shape", "head_dim", "gqa", "alias", "threads", "scale",
-                                      "unknown_backend", "bad_isa", "all_cuda"};
+                                      "unknown_backend", "bad_isa", "all_cuda", "window", "softcap"};
   static_assert(sizeof(names) / sizeof(names[0]) == static_cast<std::size_t>(Fault::kCount));
   return names[static_cast<int>(f)];
 }
@@ -231,6 +231,12 @@ bool inject(Fault f, Call& c, Rng& r, const std::vector<std::string>& backends) 
     case Fault::bad_isa:
       c.isa = r.pick<const char*>({"avx9", "sse2", "AVX2", "avx512"});
       return true;
+    case Fault::window:  // a side below -1 (-1 = unbounded)
+      c.options.window_size[static_cast<std::size_t>(r.u(2))] = r.pick<std::int64_t>({-2, -3, -1000, LLONG_MIN});
+      return true;
+    case Fault::softcap:
+      c.options.softcap = static_cast<float>(r.pick({-1.0, -1e-30, kNaN, kInf, -kInf}));
+      return true;
     case Fault::head_dim:
     case Fault::gqa:
     case Fault::kCount: break;
@@ -271,6 +277,9 @@ Call generate(std::uint64_t seed, std::uint64_t index, std::int64_t max_seqlen, 
   // Options.
   Options& o = c.options;
   o.causal = r.chance(50);
+  if (r.chance(30))  // sliding windows, from one key to past the sequence, one side or both
+    for (auto& side : o.window_size)
+      side = r.chance(30) ? -1 : r.pick<std::int64_t>({0, 1, 2, 5, 1 + r.u(std::max<std::int64_t>(c.sk, 1) + 2)});
   if (r.chance(45))
     o.softmax_scale = static_cast<float>(r.pick({1 / std::sqrt(static_cast<double>(std::max<std::int64_t>(c.d, 1))), 1e-30, 1e-6, 1e-40,
                                                   4.0, 30.0, 1e4, 0.0, -0.0, -0.3, -0.125, r.chance(10) ? 1e30 : 2.0}));
@@ -372,7 +381,8 @@ Expect expect(const Call& c, const std::vector<std::string>& backends) {
 std::string Call::describe() const {
   std::ostringstream s;
   s << op_name(op) << " " << dtype_name(dtype) << " B=" << b << " Sq=" << sq << " Sk=" << sk << " Hq=" << hq
-    << " Hkv=" << hkv << " D=" << d << " Dv=" << dv << (options.causal ? " causal" : " full") << " scale="
+    << " Hkv=" << hkv << " D=" << d << " Dv=" << dv << (options.causal ? " causal" : " full") << " window=("
+    << options.window_size[0] << ", " << options.window_size[1] << ") softcap=" << options.softcap << " scale="
     << (options.softmax_scale ? std::to_string(*options.softmax_scale) : "default") << " backend='" << options.backend
     << "'" << (options.strict ? " strict" : "") << (options.deterministic ? " deterministic" : "")
     << " threads=" << options.num_threads << " isa=" << (isa ? *isa : "(env)");

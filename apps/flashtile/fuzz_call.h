@@ -25,7 +25,7 @@ const char* op_name(Op op);
 enum class Fault {
   dtype, lse_dtype, device, device_index, null_data, misaligned, neg_size, neg_stride, last_stride,
   overflow_stride, self_overlap, rank, shape, head_dim, gqa, alias, threads, scale, unknown_backend,
-  bad_isa, all_cuda, kCount
+  bad_isa, all_cuda, window, softcap, kCount
 };
 const char* fault_name(Fault f);
 

@@ -18,16 +18,20 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 // Rounds a float to the dtype (round to nearest even), as a framework storing the tensor does.
 float rd(DType t, float x) { return flashtile::detail::round_to(t, x); }
 
-// Visible keys of query row i are [0, key_end): the definition (bottom-right causal), written from the
-// README, not taken from the library.
-std::int64_t key_end(std::int64_t i, std::int64_t sq, std::int64_t sk, bool causal) {
-  if (!causal) return sk;
-  return std::clamp<std::int64_t>(i + sk - sq + 1, 0, sk);
+// Visible keys of query row i are [lo, hi): the definition (bottom-right aligned window, causal = right 0),
+// written from the README, not taken from the library.
+std::pair<std::int64_t, std::int64_t> key_range(const Problem& pr, std::int64_t i) {
+  const std::int64_t sq = pr.q.s, sk = pr.k.s, diag = i + sk - sq;
+  const std::int64_t left = pr.window[0], right = pr.causal ? 0 : pr.window[1];
+  const std::int64_t lo = left < 0 ? 0 : std::clamp<std::int64_t>(diag - left, 0, sk);
+  const std::int64_t hi = right < 0 ? sk : std::clamp<std::int64_t>(diag + right + 1, 0, sk);
+  return {lo, std::max(lo, hi)};
 }
 
 // One softmax row of standard attention. Returns false for a row that contributes nothing (no visible
 // key, or every visible score -inf and none NaN); then out = 0 and lse = -inf.
 struct Row {
+  std::int64_t lo = 0;   // the first visible key: entry j below is key lo + j
   std::vector<float> p;  // rounded probabilities of the visible keys
   float lse = -kInf;
   bool active = false;
@@ -39,14 +43,16 @@ struct Row {
 
 Row softmax_row(const Problem& pr, std::int64_t b, std::int64_t h, std::int64_t i, double& score_scale) {
   const DType t = pr.dtype;
-  const std::int64_t group = pr.q.h / pr.k.h, hk = h / group, hi = key_end(i, pr.q.s, pr.k.s, pr.causal);
+  const std::int64_t group = pr.q.h / pr.k.h, hk = h / group;
+  const auto [lo, hi] = key_range(pr, i);
   Row r;
-  std::vector<float> s(static_cast<std::size_t>(hi));
+  r.lo = lo;
+  std::vector<float> s(static_cast<std::size_t>(hi - lo));
   float m = -kInf;
   bool nan = false;
   const double* qi = pr.q.at(b, i, h);
-  for (std::int64_t j = 0; j < hi; ++j) {
-    const double* kj = pr.k.at(b, j, hk);
+  for (std::int64_t j = 0; j < hi - lo; ++j) {
+    const double* kj = pr.k.at(b, lo + j, hk);
     float acc = 0.0f;
     double mag = 0.0;
     for (std::int64_t c = 0; c < pr.q.d; ++c) {
@@ -138,7 +144,7 @@ StdForward standard_forward(const Problem& pr, const std::vector<std::int64_t>& 
         for (std::int64_t c = 0; c < dv; ++c) {
           float o = 0.0f;
           for (std::size_t j = 0; j < r.p.size(); ++j)
-            o += r.p[j] * static_cast<float>(pr.v.at(b, static_cast<std::int64_t>(j), h / group)[c]);
+            o += r.p[j] * static_cast<float>(pr.v.at(b, r.lo + static_cast<std::int64_t>(j), h / group)[c]);
           f.out[static_cast<std::size_t>(((b * nr + ri) * nh + h) * dv + c)] = rd(pr.dtype, o);
         }
       }
@@ -174,13 +180,13 @@ StdBackward standard_backward(const Problem& pr) {
         for (std::int64_t c = 0; c < dv; ++c) {
           float o = 0.0f;
           double ox = 0.0;
-          for (std::size_t j = 0; j < r.p.size(); ++j) o += r.p[j] * static_cast<float>(pr.v.at(b, static_cast<std::int64_t>(j), hk)[c]);
-          for (std::size_t j = 0; j < r.px.size(); ++j) ox += r.px[j] * pr.v.at(b, static_cast<std::int64_t>(j), hk)[c];
+          for (std::size_t j = 0; j < r.p.size(); ++j) o += r.p[j] * static_cast<float>(pr.v.at(b, r.lo + static_cast<std::int64_t>(j), hk)[c]);
+          for (std::size_t j = 0; j < r.px.size(); ++j) ox += r.px[j] * pr.v.at(b, r.lo + static_cast<std::int64_t>(j), hk)[c];
           delta += static_cast<float>(gi[c] * rd(t, o));
           delta_terms += std::abs(gi[c] * ox);
         }
         for (std::size_t jj = 0; jj < r.sx.size(); ++jj) {
-          const auto j = static_cast<std::int64_t>(jj);
+          const auto j = r.lo + static_cast<std::int64_t>(jj);
           const double* vj = pr.v.at(b, j, hk);
           float dp = 0.0f;
           double dp_terms = 0.0;

@@ -2,6 +2,8 @@
 // "standard attention" in the call's precision, the yardstick its tolerance is tied to.
 #pragma once
 
+#include <array>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -31,6 +33,7 @@ struct Problem {
   float scale = 1.0f;
   bool causal = false;
   DType dtype = DType::float32;
+  std::array<std::int64_t, 2> window{-1, -1};  // Options::window_size
 };
 
 // Standard attention as an eager framework computes it in the call's dtype: float32 arithmetic, S, P, O,

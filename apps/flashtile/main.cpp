@@ -1,4 +1,4 @@
-// The flashtile command line: demo | info | check | bench | fuzz.
+// The flashtile command line: demo | info | check | bench | bench-variants | fuzz.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
     if (args[0] == "info") return run_info(rest);
     if (args[0] == "check") return run_check(parse_args(rest));
     if (args[0] == "bench") return run_bench(parse_args(rest));
+    if (args[0] == "bench-variants") return run_bench_variants(rest);
     if (args[0] == "fuzz") return run_fuzz(rest);
     throw flashtile::InvalidArgument("unknown command '" + args[0] + "'\n" + usage());
   } catch (const flashtile::Error& e) {

@@ -14,6 +14,11 @@ struct KernelInfo {
   int block_k = 0;       // key rows per tile
   int threads = 0;       // CPU worker threads or GPU threads per block
   std::string detail;    // anything else that identifies the instantiation (stages, warps, ...)
+  // The mask the kernel ran with: "none", "causal", "window(left, right)" (causal with a left bound is
+  // "window(left, 0)"), prefixed "varlen+" for packed batches and "seqused_k+" when sequences use fewer keys.
+  std::string mask;
+  // The score hooks it ran with, in the order they apply: "softcap(c)", "alibi", "sinks".
+  std::vector<std::string> score_hooks;
 };
 
 struct Refusal {

@@ -7,12 +7,19 @@
 
 namespace flashtile {
 
-enum class DType : std::uint8_t { float32, float16, bfloat16 };
+// int32 is for index tensors only (cu_seqlens_q / cu_seqlens_k / seqused_k); the float operands refuse it.
+enum class DType : std::uint8_t { float32, float16, bfloat16, int32 };
 
 enum class Device : std::uint8_t { cpu, cuda };
 
 constexpr std::size_t dtype_size(DType t) noexcept {
-  return t == DType::float32 ? 4 : 2;
+  switch (t) {
+    case DType::float16:
+    case DType::bfloat16: return 2;
+    case DType::float32:
+    case DType::int32: return 4;
+  }
+  return 4;
 }
 
 constexpr std::string_view dtype_name(DType t) noexcept {
@@ -20,6 +27,7 @@ constexpr std::string_view dtype_name(DType t) noexcept {
     case DType::float32: return "float32";
     case DType::float16: return "float16";
     case DType::bfloat16: return "bfloat16";
+    case DType::int32: return "int32";
   }
   return "?";
 }

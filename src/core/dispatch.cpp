@@ -115,6 +115,34 @@ const Backend* choose(const AttnParams& p, const Options& o, DispatchReport& rep
                          list_reasons(report.refused));
 }
 
+// What the report says about the variant: the mask and the score hooks, from the validated params (a backend that
+// cannot run one of them refuses in can_run, so the one that runs runs them all).
+std::string mask_name(const AttnParams& p) {
+  std::ostringstream s;
+  if (p.is_varlen()) s << "varlen+";
+  if (p.seqused_k != nullptr) s << "seqused_k+";
+  if (p.causal && p.window_left < 0) {
+    s << "causal";
+  } else if (p.has_window()) {
+    s << "window(" << p.window_left << ", " << p.window_right << ")";
+  } else {
+    s << "none";
+  }
+  return s.str();
+}
+
+std::vector<std::string> score_hooks(const AttnParams& p) {
+  std::vector<std::string> hooks;
+  if (p.softcap > 0.0f) {
+    std::ostringstream s;
+    s << "softcap(" << p.softcap << ")";
+    hooks.push_back(s.str());
+  }
+  if (p.alibi_slopes != nullptr) hooks.emplace_back("alibi");
+  if (p.sinks != nullptr) hooks.emplace_back("sinks");
+  return hooks;
+}
+
 DispatchReport run(const AttnParams& p, const Options& o, const char* op, bool execute) {
   DispatchReport report;
   const Backend* b = nullptr;
@@ -125,6 +153,8 @@ DispatchReport run(const AttnParams& p, const Options& o, const char* op, bool e
     return report;  // explain(): nothing would run; the report lists every refusal
   }
   report.ran = b->plan(p);
+  if (report.ran.mask.empty()) report.ran.mask = mask_name(p);
+  if (report.ran.score_hooks.empty()) report.ran.score_hooks = score_hooks(p);
   if (execute) {
     if (!p.empty()) b->run(p);
     g_last = report;
@@ -188,6 +218,8 @@ std::string DispatchReport::to_string() const {
     if (!ran.isa.empty()) s << " [" << ran.isa << "]";
     s << " block_q=" << ran.block_q << " block_k=" << ran.block_k << " threads=" << ran.threads;
     if (!ran.detail.empty()) s << " " << ran.detail;
+    if (!ran.mask.empty()) s << " mask=" << ran.mask;
+    for (std::size_t i = 0; i < ran.score_hooks.size(); ++i) s << (i == 0 ? " hooks=" : ",") << ran.score_hooks[i];
   }
   if (requested != "auto" && !requested.empty()) s << " (requested " << requested << (fell_back ? ", fell back" : "") << ")";
   for (const Refusal& r : refused) {

@@ -97,14 +97,6 @@ struct AttnParams {
   bool is_varlen() const noexcept { return cu_seqlens_q != nullptr; }
   bool has_window() const noexcept { return window_left >= 0 || window_right >= 0; }
   bool has_score_hook() const noexcept { return softcap > 0.0f || alibi_slopes != nullptr; }
-  // Transitional (removed once every kernel asks core/mask.h's MaskPolicy): the causal rule without windows
-  // or varlen, as the CPU kernels used it before issue 12.
-  std::int64_t key_begin(std::int64_t /*i*/) const noexcept { return 0; }
-  std::int64_t key_end(std::int64_t i) const noexcept {
-    if (!causal) return seqlen_k;
-    const std::int64_t e = i + seqlen_k - seqlen_q + 1;
-    return e < 0 ? 0 : (e > seqlen_k ? seqlen_k : e);
-  }
   std::int64_t group() const noexcept { return heads_kv > 0 ? heads_q / heads_kv : 0; }
   // No output element exists. A backward without query rows or query heads (Sq = 0 or Hq = 0) still writes
   // dK = dV = 0 for every key of every KV head.

@@ -1,5 +1,6 @@
 // The CPU backends: cpu-flash (tiled FlashAttention, SIMD per ISA, OpenMP) and cpu-reference (the
 // float64 oracle, chosen only by name).
+#include <algorithm>
 #include <numeric>
 #include <sstream>
 
@@ -64,7 +65,23 @@ class CpuFlash final : public Backend {
     const cpu::KernelSet& ks = cpu::select_kernels();
     const cpu::TileConfig t = tiles(p, ks);
     const int threads = cpu::resolve_threads(p.num_threads);
-    (p.is_backward() ? ks.backward : ks.forward)(p, t, threads);
+    const AttnParams sized = longest_sequences(p);
+    (p.is_backward() ? ks.backward : ks.forward)(sized, t, threads);
+  }
+
+ private:
+  // In a varlen call the kernels size their scratch (a K/V cache linear in Sk) and their tile loops by
+  // seqlen_q / seqlen_k: there the longest sequences' lengths (validation checked that max_seqlen_q / _k bound
+  // them, and a caller's generous bound need not cost memory).
+  static AttnParams longest_sequences(const AttnParams& p) {
+    AttnParams s = p;
+    if (!p.is_varlen()) return s;
+    s.seqlen_q = s.seqlen_k = 0;
+    for (std::int64_t b = 0; b < p.batch; ++b) {
+      s.seqlen_q = std::max<std::int64_t>(s.seqlen_q, p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b]);
+      s.seqlen_k = std::max<std::int64_t>(s.seqlen_k, p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b]);
+    }
+    return s;
   }
 };
 
@@ -97,22 +114,26 @@ class CpuReference final : public Backend {
     return k;
   }
   void run(const AttnParams& p) const override {
+    // The oracle's dense shapes: [B, S, ...], or one packed batch of total rows (varlen).
+    const std::int64_t db = p.is_varlen() ? 1 : p.batch;
+    const std::int64_t sq = p.is_varlen() ? p.total_q : p.seqlen_q, sk = p.is_varlen() ? p.total_k : p.seqlen_k;
     if (!p.is_backward()) {
-      std::vector<std::int64_t> rows(static_cast<std::size_t>(p.seqlen_q));
+      std::vector<std::int64_t> rows(static_cast<std::size_t>(sq));
       std::iota(rows.begin(), rows.end(), std::int64_t{0});
       const auto r = cpu::reference_forward(p, rows);
-      scatter(r.out, p.out, p.out_stride, p.dtype, p.batch, p.seqlen_q, p.heads_q, p.hdim_v);
-      for (std::int64_t b = 0; b < p.batch; ++b)
+      scatter(r.out, p.out, p.out_stride, p.dtype, db, sq, p.heads_q, p.hdim_v);
+      for (std::int64_t b = 0; b < db; ++b)
         for (std::int64_t h = 0; h < p.heads_q; ++h)
-          for (std::int64_t i = 0; i < p.seqlen_q; ++i)
+          for (std::int64_t i = 0; i < sq; ++i)
             p.lse[b * p.lse_stride.batch + h * p.lse_stride.head + i * p.lse_stride.row] =
-                static_cast<float>(r.lse[static_cast<std::size_t>((b * p.heads_q + h) * p.seqlen_q + i)]);
+                static_cast<float>(r.lse[static_cast<std::size_t>((b * p.heads_q + h) * sq + i)]);
       return;
     }
     const auto g = cpu::reference_backward(p);
-    scatter(g.dq, p.dq, p.dq_stride, p.dtype, p.batch, p.seqlen_q, p.heads_q, p.hdim);
-    scatter(g.dk, p.dk, p.dk_stride, p.dtype, p.batch, p.seqlen_k, p.heads_kv, p.hdim);
-    scatter(g.dv, p.dv, p.dv_stride, p.dtype, p.batch, p.seqlen_k, p.heads_kv, p.hdim_v);
+    scatter(g.dq, p.dq, p.dq_stride, p.dtype, db, sq, p.heads_q, p.hdim);
+    scatter(g.dk, p.dk, p.dk_stride, p.dtype, db, sk, p.heads_kv, p.hdim);
+    scatter(g.dv, p.dv, p.dv_stride, p.dtype, db, sk, p.heads_kv, p.hdim_v);
+    for (std::size_t h = 0; h < g.dsinks.size(); ++h) p.dsinks[h] = static_cast<float>(g.dsinks[h]);
   }
 };
 

@@ -60,13 +60,15 @@ inline void to_bf16_row(const float* src, std::uint16_t* dst, int n, int n_pad) 
   for (; j < n_pad; ++j) dst[j] = 0;
 }
 
-// Calls f.template operator()<T>() with T the C++ type of dtype.
+// Calls f.template operator()<T>() with T the C++ type of dtype (a float dtype: validation refuses int32 for the
+// operands, so int32 never reaches a kernel; it maps to float only to keep the switch total).
 template <class F>
 decltype(auto) visit_dtype(DType dtype, F&& f) {
   switch (dtype) {
     case DType::float16: return f.template operator()<Half>();
     case DType::bfloat16: return f.template operator()<BFloat16>();
-    case DType::float32: break;
+    case DType::float32:
+    case DType::int32: break;
   }
   return f.template operator()<float>();
 }

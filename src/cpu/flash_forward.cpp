@@ -4,8 +4,10 @@
 // running max m, running sum l and the unnormalised output accumulator per row, and normalises once at
 // the end. Scores are kept in natural units (the softmax scale folded into Q, as the backward does, so both
 // compute the same scores bit for bit); exp2 takes (s − m) · log2(e) (tile_ops.h, exp_row).
-// Causal: key tiles past the last visible key of the tile's last row are never visited; only tiles that
-// cross some row's boundary are masked.
+// The mask policy (core/mask.h) gives each query tile its key tiles (windowed and causal tiles outside the
+// mask are never visited) and says which of them are partial; only those are masked element by element. The
+// score hook (softcap, ALiBi; score_row.h) runs on each score row before the softmax; a sink starts the row's
+// online softmax (forward_common.h, start_row).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -17,6 +19,7 @@
 #include "cpu/kernel_common.h"
 #include "cpu/kernels.h"
 #include "cpu/phase_clock.h"
+#include "cpu/score_row.h"
 #include "cpu/tile_ops.h"
 
 #ifndef FT_ISA_NS
@@ -44,7 +47,7 @@ struct FwdScratch {
   int bq, bk, d, dv, ldq, ldv;
   std::int64_t n_kt;  // key tiles
   std::unique_ptr<float[]> q, s, acc, pv, m, l, kt, v;  // pv: one key tile's P·V
-  std::unique_ptr<int[]> limit;   // visible keys of each row in the current key tile
+  std::unique_ptr<int[]> lo, hi;  // visible keys [lo, hi) of each row in the current (partial) key tile
   std::int64_t cached_b = -1, cached_hk = -1, converted = 0;  // the KV head in kt / v and its keys done
   static std::unique_ptr<float[]> zeros(std::int64_t n) {
     return std::unique_ptr<float[]>(new float[static_cast<std::size_t>(n)]());
@@ -55,24 +58,25 @@ struct FwdScratch {
         s(zeros(static_cast<std::int64_t>(bq) * bk)), acc(zeros(static_cast<std::int64_t>(bq) * ldv)),
         pv(zeros(static_cast<std::int64_t>(bq) * ldv)), m(zeros(bq)),
         l(zeros(bq)), kt(zeros(n_kt * d * bk)), v(zeros(n_kt * bk * ldv)),
-        limit(new int[static_cast<std::size_t>(bq)]) {}
+        lo(new int[static_cast<std::size_t>(bq)]), hi(new int[static_cast<std::size_t>(bq)]) {}
   // The Kᵀ block of the key tile that starts at key k0: [d][bk].
   float* kt_tile(std::int64_t k0) { return kt.get() + (k0 / bk) * d * bk; }
 };
 
-// Makes keys [0, k_hi) of KV head (b, hk) available in the cache.
+// Makes keys [0, k_hi) of KV head (b, hk) available in the cache; the sequence's keys start at row k_row0.
 template <class T>
-void convert_keys(const AttnParams& p, FwdScratch& w, std::int64_t b, std::int64_t hk, std::int64_t k_hi) {
+void convert_keys(const AttnParams& p, FwdScratch& w, std::int64_t b, std::int64_t k_row0, std::int64_t hk,
+                  std::int64_t k_hi) {
   if (w.cached_b != b || w.cached_hk != hk) {
     w.cached_b = b;
     w.cached_hk = hk;
     w.converted = 0;
   }
   for (std::int64_t j = w.converted; j < k_hi; ++j) {
-    const T* ks = row_ptr<T>(p.k, p.k_stride, b, j, hk);
+    const T* ks = row_ptr<T>(p.k, p.k_stride, b, k_row0 + j, hk);
     float* kt = w.kt_tile(j) + j % w.bk;
     for (int c = 0; c < w.d; ++c) kt[c * w.bk] = to_float(ks[c]);
-    const T* vs = row_ptr<T>(p.v, p.v_stride, b, j, hk);
+    const T* vs = row_ptr<T>(p.v, p.v_stride, b, k_row0 + j, hk);
     float* vd = w.v.get() + j * w.ldv;
     for (int c = 0; c < w.dv; ++c) vd[c] = to_float(vs[c]);
   }
@@ -80,34 +84,34 @@ void convert_keys(const AttnParams& p, FwdScratch& w, std::int64_t b, std::int64
 }
 
 template <class T>
-void forward_tile(const AttnParams& p, FwdScratch& w, std::int64_t b, std::int64_t h, std::int64_t q0) {
+void forward_tile(const AttnParams& p, FwdScratch& w, std::int64_t b, std::int64_t h, const HeadInfo& head,
+                  std::int64_t q0) {
   const int d = w.d, dv = w.dv, bk = w.bk;
-  const int rows = static_cast<int>(std::min<std::int64_t>(w.bq, p.seqlen_q - q0));
+  const int rows = static_cast<int>(std::min<std::int64_t>(w.bq, head.seq.seqlen_q - q0));
   const std::int64_t hk = h / p.group();
   const float qscale = p.softmax_scale;
 
   PhaseTimer clock(g_phases);
   for (int r = 0; r < rows; ++r) {
-    const T* src = row_ptr<T>(p.q, p.q_stride, b, q0 + r, h);
+    const T* src = row_ptr<T>(p.q, p.q_stride, b, head.seq.q_row0 + q0 + r, h);
     float* dst = w.q.get() + static_cast<std::int64_t>(r) * w.ldq;
     for (int c = 0; c < d; ++c) dst[c] = to_float(src[c]) * qscale;
-    w.m[r] = kNegInf;
-    w.l[r] = 0.0f;
+    start_row(head, w.m[r], w.l[r]);
     std::fill_n(w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.ldv, 0.0f);
   }
-  const TileKeys keys(p, q0, rows);
-  const std::int64_t k_hi = keys.hi;
+  const KeyWalk walk(head, q0, rows, bk);
 
-  convert_keys<T>(p, w, b, hk, k_hi);
-  for (std::int64_t k0 = keys.lo; k0 < k_hi; k0 += bk) {
-    const int n = static_cast<int>(std::min<std::int64_t>(bk, k_hi - k0));
+  convert_keys<T>(p, w, b, head.seq.k_row0, hk, walk.end);
+  for (std::int64_t kt = walk.tiles.begin; kt < walk.tiles.end; ++kt) {
+    const std::int64_t k0 = kt * bk;
+    const int n = walk.width(k0, bk);
+    const bool needs_mask = head.mask.tile(q0, rows, k0, n) == detail::TileMask::partial;
     // In a short last tile the padded columns past n are keys that do not exist: zeros, never read.
     clock.skip();
     gemm_nn(rows, padded(n), d, w.q.get(), w.ldq, w.kt_tile(k0), bk, w.s.get(), bk, false);
     clock.mark(kPhaseQK);
-    const bool needs_mask = keys.needs_mask(k0, n);
     // The next key tile's Kᵀ and V, requested toward L2 a slice per row (tile_ops.h, prefetch_slice).
-    const std::int64_t next_n = std::min<std::int64_t>(bk, k_hi - k0 - bk);
+    const std::int64_t next_n = kt + 1 < walk.tiles.end ? walk.width(k0 + bk, bk) : 0;
     const float* next_kt = next_n > 0 ? w.kt_tile(k0 + bk) : nullptr;
     const float* next_v = next_n > 0 ? w.v.get() + (k0 + bk) * w.ldv : nullptr;
     for (int r = 0; r < rows; ++r) {
@@ -116,8 +120,12 @@ void forward_tile(const AttnParams& p, FwdScratch& w, std::int64_t b, std::int64
         prefetch_slice(next_v, 4 * next_n * w.ldv, r, rows);
       }
       float* sr = w.s.get() + static_cast<std::int64_t>(r) * bk;
-      if (needs_mask) mask_row(p, q0 + r, k0, n, sr);
-      w.limit[r] = needs_mask ? visible_in_tile(p, q0 + r, k0, n) : n;
+      score_row(head.hook, q0 + r, k0, sr, n);
+      if (needs_mask) {
+        const TileKeys vis = mask_row(head.mask, q0 + r, k0, n, sr);
+        w.lo[r] = vis.begin;
+        w.hi[r] = vis.end;
+      }
       online_softmax_row(sr, n, w.m[r], w.l[r], w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, dv);
     }
     clock.mark(kPhaseSoftmax);
@@ -126,12 +134,12 @@ void forward_tile(const AttnParams& p, FwdScratch& w, std::int64_t b, std::int64
     // error (S=4096, D=128: max error 2.5e-7 against standard attention's 6.9e-8, which sums in blocks;
     // two levels: 7.1e-8). The extra pass measured no slower (1 thread, S=2048, D=128, interleaved).
     gemm_nn(rows, w.ldv, n, w.s.get(), bk, w.v.get() + k0 * w.ldv, w.ldv, w.pv.get(), w.ldv, false,
-            needs_mask ? w.limit.get() : nullptr);
+            needs_mask ? w.lo.get() : nullptr, needs_mask ? w.hi.get() : nullptr);
     add_rows(rows, w.ldv, w.pv.get(), w.acc.get());
     clock.mark(kPhasePV);
   }
 
-  write_output_rows<T>(p, b, h, q0, rows, w.acc.get(), w.ldv, w.m.get(), w.l.get(), dv);
+  write_output_rows<T>(p, head, b, h, q0, rows, w.acc.get(), w.ldv, w.m.get(), w.l.get(), dv);
 }
 
 template <class T>
@@ -139,7 +147,9 @@ void forward_typed(const AttnParams& p, TileConfig tile, int threads) {
   const int d = static_cast<int>(p.hdim), dv = static_cast<int>(p.hdim_v);
   forward_tasks(
       p, tile, threads, [&] { return FwdScratch(tile, d, dv, p.seqlen_k); },
-      [&](FwdScratch& w, std::int64_t b, std::int64_t h, std::int64_t q0) { forward_tile<T>(p, w, b, h, q0); });
+      [&](FwdScratch& w, std::int64_t b, std::int64_t h, const HeadInfo& head, std::int64_t q0) {
+        forward_tile<T>(p, w, b, h, head, q0);
+      });
 }
 
 }  // namespace

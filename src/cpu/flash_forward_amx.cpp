@@ -23,22 +23,25 @@ using detail::AttnParams;
 PhaseTotals g_phases{FT_PHASE_STR(FT_ISA_NS) " bf16 AMX forward"};
 constexpr int kAlign = 32;  // rows, keys and head-dim columns per AMX block
 
-void forward_tile(const AttnParams& p, PairScratch& w, std::int64_t b, std::int64_t h, std::int64_t q0) {
+void forward_tile(const AttnParams& p, PairScratch& w, std::int64_t b, std::int64_t h, const HeadInfo& head,
+                  std::int64_t q0) {
   const int bk = w.bk;
-  const int rows = static_cast<int>(std::min<std::int64_t>(w.bq, p.seqlen_q - q0));
+  const int rows = static_cast<int>(std::min<std::int64_t>(w.bq, head.seq.seqlen_q - q0));
   const int rows_pad = PairScratch::round_up(rows, kAlign);
   PhaseTimer clock(g_phases);
-  start_query_rows(p, w, b, h, q0, rows);
-  const TileKeys keys(p, q0, rows);
-  cache_keys(p, w, b, h / p.group(), keys.hi);
+  start_query_rows(p, w, b, h, head, q0, rows);
+  const KeyWalk walk(head, q0, rows, bk);
+  cache_keys(p, w, b, head.seq.k_row0, h / p.group(), walk.end);
   amx::configure();
-  for (std::int64_t k0 = keys.lo; k0 < keys.hi; k0 += bk) {
-    const int n = static_cast<int>(std::min<std::int64_t>(bk, keys.hi - k0));
+  for (std::int64_t kt = walk.tiles.begin; kt < walk.tiles.end; ++kt) {
+    const std::int64_t k0 = kt * bk;
+    const int n = walk.width(k0, bk);
     const int n_pad = PairScratch::round_up(n, kAlign);
     clock.skip();
     amx::gemm(rows_pad, n_pad, w.kp / 16, w.q.get(), w.ldq, w.kt_tile(k0), 2 * bk, w.s.get(), bk, false);
     clock.mark(kPhaseQK);
-    softmax_rows_to_bf16(p, w, q0, rows, k0, n, n_pad, keys.needs_mask(k0, n));
+    softmax_rows_to_bf16(p, w, head, q0, rows, k0, n, n_pad,
+                         head.mask.tile(q0, rows, k0, n) == detail::TileMask::partial);
     clock.mark(kPhaseSoftmax);
     const std::uint16_t* vt = w.v_pairs(k0);
     if (!w.v_has_nonfinite(k0, k0 + n_pad)) {
@@ -47,12 +50,12 @@ void forward_tile(const AttnParams& p, PairScratch& w, std::int64_t b, std::int6
       continue;
     }
     for (int r = 0; r < rows; ++r)
-      add_keys(w, vt, w.pb.get() + static_cast<std::int64_t>(r) * bk, 0, w.limit[r],
+      add_keys(w, vt, w.pb.get() + static_cast<std::int64_t>(r) * bk, w.lo[r], w.hi[r],
                w.acc.get() + static_cast<std::int64_t>(r) * w.ldv);
     clock.mark(kPhasePV);
   }
   amx::release();
-  write_output_rows<BFloat16>(p, b, h, q0, rows, w.acc.get(), w.ldv, w.m.get(), w.l.get(), w.dv);
+  write_output_rows<BFloat16>(p, head, b, h, q0, rows, w.acc.get(), w.ldv, w.m.get(), w.l.get(), w.dv);
 }
 
 }  // namespace
@@ -61,7 +64,9 @@ void forward_bf16_amx(const AttnParams& p, TileConfig tile, int threads) {
   const int d = static_cast<int>(p.hdim), dv = static_cast<int>(p.hdim_v);
   forward_tasks(
       p, tile, threads, [&] { return PairScratch(tile, d, dv, p.seqlen_k, kAlign); },
-      [&](PairScratch& w, std::int64_t b, std::int64_t h, std::int64_t q0) { forward_tile(p, w, b, h, q0); });
+      [&](PairScratch& w, std::int64_t b, std::int64_t h, const HeadInfo& head, std::int64_t q0) {
+        forward_tile(p, w, b, h, head, q0);
+      });
 }
 
 }  // namespace flashtile::cpu::FT_ISA_NS

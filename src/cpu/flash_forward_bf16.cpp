@@ -7,8 +7,8 @@
 //    ([Sk / 2][Dv][2]), the layouts vdpbf16ps reads;
 //  - the scale multiplies the float32 scores inside exp2 (not folded into Q, which would round Q again);
 //  - P is rounded to bf16 for P·V (as the GPU kernels do); the row sums use the float32 P.
-// A key tile's odd last key, and every key of a masked row past its pairs, is added with float32 FMAs, so
-// no product ever reads a key that its row does not see (a NaN there cannot leak through 0 · NaN).
+// A key tile's odd last key, and a masked row's odd first and last visible keys, are added with float32 FMAs,
+// so no product ever reads a key that its row does not see (a NaN there cannot leak through 0 · NaN).
 #include <algorithm>
 
 #include "cpu/bf16_pairs.h"
@@ -26,17 +26,19 @@ namespace {
 
 using detail::AttnParams;
 
-void forward_tile(const AttnParams& p, PairScratch& w, std::int64_t b, std::int64_t h, std::int64_t q0) {
+void forward_tile(const AttnParams& p, PairScratch& w, std::int64_t b, std::int64_t h, const HeadInfo& head,
+                  std::int64_t q0) {
   const int bk = w.bk;
-  const int rows = static_cast<int>(std::min<std::int64_t>(w.bq, p.seqlen_q - q0));
-  start_query_rows(p, w, b, h, q0, rows);
-  const TileKeys keys(p, q0, rows);
-  cache_keys(p, w, b, h / p.group(), keys.hi);
-  for (std::int64_t k0 = keys.lo; k0 < keys.hi; k0 += bk) {
-    const int n = static_cast<int>(std::min<std::int64_t>(bk, keys.hi - k0));
+  const int rows = static_cast<int>(std::min<std::int64_t>(w.bq, head.seq.seqlen_q - q0));
+  start_query_rows(p, w, b, h, head, q0, rows);
+  const KeyWalk walk(head, q0, rows, bk);
+  cache_keys(p, w, b, head.seq.k_row0, h / p.group(), walk.end);
+  for (std::int64_t kt = walk.tiles.begin; kt < walk.tiles.end; ++kt) {
+    const std::int64_t k0 = kt * bk;
+    const int n = walk.width(k0, bk);
     bf16::gemm(rows, padded(n), (w.d + 1) / 2, w.q.get(), w.ldq, w.kt_tile(k0), 2 * bk, w.s.get(), bk, false);
-    const bool needs_mask = keys.needs_mask(k0, n);
-    softmax_rows_to_bf16(p, w, q0, rows, k0, n, n + n % 2, needs_mask);
+    const bool needs_mask = head.mask.tile(q0, rows, k0, n) == detail::TileMask::partial;
+    softmax_rows_to_bf16(p, w, head, q0, rows, k0, n, n + n % 2, needs_mask);
     const std::uint16_t* vt = w.v_pairs(k0);
     if (!needs_mask) {
       bf16::gemm(rows, w.ldv, n / 2, w.pb.get(), bk, vt, 2 * w.ldv, w.acc.get(), w.ldv, true);
@@ -46,16 +48,21 @@ void forward_tile(const AttnParams& p, PairScratch& w, std::int64_t b, std::int6
                    w.acc.get() + static_cast<std::int64_t>(r) * w.ldv);
       continue;
     }
-    // Masked tile: each row takes the pairs of its visible keys, then its odd last one.
+    // Masked tile: each row takes its visible keys [lo, hi): an odd first one alone (the pair would start at a
+    // key the row does not see), the pairs, then an odd last one.
     for (int r = 0; r < rows; ++r) {
-      const int lim = w.limit[r];
+      int lo = w.lo[r];
+      const int hi = w.hi[r];
       const std::uint16_t* pr = w.pb.get() + static_cast<std::int64_t>(r) * bk;
       float* ar = w.acc.get() + static_cast<std::int64_t>(r) * w.ldv;
-      if (lim >= 2) bf16::gemm(1, w.ldv, lim / 2, pr, bk, vt, 2 * w.ldv, ar, w.ldv, true);
-      if (lim % 2 != 0) add_keys(w, vt, pr, lim - 1, lim, ar);
+      if (lo % 2 != 0 && lo < hi) add_keys(w, vt, pr, lo, lo + 1, ar), ++lo;
+      if (hi - lo >= 2)
+        bf16::gemm(1, w.ldv, (hi - lo) / 2, pr + lo, bk, vt + static_cast<std::int64_t>(lo / 2) * 2 * w.ldv,
+                   2 * w.ldv, ar, w.ldv, true);
+      if (hi > lo && (hi - lo) % 2 != 0) add_keys(w, vt, pr, hi - 1, hi, ar);
     }
   }
-  write_output_rows<BFloat16>(p, b, h, q0, rows, w.acc.get(), w.ldv, w.m.get(), w.l.get(), w.dv);
+  write_output_rows<BFloat16>(p, head, b, h, q0, rows, w.acc.get(), w.ldv, w.m.get(), w.l.get(), w.dv);
 }
 
 }  // namespace
@@ -64,7 +71,9 @@ void forward_bf16_pairs(const AttnParams& p, TileConfig tile, int threads) {
   const int d = static_cast<int>(p.hdim), dv = static_cast<int>(p.hdim_v);
   forward_tasks(
       p, tile, threads, [&] { return PairScratch(tile, d, dv, p.seqlen_k, 16); },
-      [&](PairScratch& w, std::int64_t b, std::int64_t h, std::int64_t q0) { forward_tile(p, w, b, h, q0); });
+      [&](PairScratch& w, std::int64_t b, std::int64_t h, const HeadInfo& head, std::int64_t q0) {
+        forward_tile(p, w, b, h, head, q0);
+      });
 }
 
 }  // namespace flashtile::cpu::FT_ISA_NS

@@ -18,34 +18,45 @@
 namespace flashtile::cpu {
 FT_ISA_BEGIN
 
-// Runs tile_fn(scratch, b, h, q0) for every query tile. Each head's query tiles are dealt round-robin into
-// `chunks` tasks (balanced under causal masking), just enough tasks to keep every thread busy; fewer chunks
-// means fewer K/V conversions. Heads of one GQA group are consecutive task indices, so a thread often keeps
-// its K/V cache.
+// Runs tile_fn(scratch, head, q0) for every query tile [q0, q0 + rows) of every (sequence, query head), with
+// `head` its HeadInfo. Each head's query tiles are dealt round-robin into `chunks` tasks (balanced under causal
+// masking), just enough tasks to keep every thread busy; fewer chunks means fewer K/V conversions. Heads of one
+// GQA group are consecutive task indices, so a thread often keeps its K/V cache. p.seqlen_q bounds every
+// sequence's length (varlen: the longest); tiles past a shorter sequence's end are not visited.
 template <class MakeScratch, class TileFn>
 void forward_tasks(const detail::AttnParams& p, TileConfig tile, int threads, MakeScratch make_scratch,
                    TileFn tile_fn) {
   const std::int64_t n_qt = (p.seqlen_q + tile.block_q - 1) / tile.block_q;
   const std::int64_t heads = p.batch * p.heads_q;
   const std::int64_t chunks =
-      std::clamp<std::int64_t>((4 * threads + heads - 1) / std::max<std::int64_t>(heads, 1), 1, n_qt);
+      std::clamp<std::int64_t>((4 * threads + heads - 1) / std::max<std::int64_t>(heads, 1), 1,
+                               std::max<std::int64_t>(n_qt, 1));
+  const std::vector<std::int64_t> order = batch_order(p);
   parallel_tasks(heads * chunks, threads, make_scratch, [&](auto& w, std::int64_t t) {
     const std::int64_t bh = t / chunks, chunk = t % chunks;
-    for (std::int64_t qt = chunk; qt < n_qt; qt += chunks)
-      tile_fn(w, bh / p.heads_q, bh % p.heads_q, qt * tile.block_q);
+    const std::int64_t b = order[static_cast<std::size_t>(bh / p.heads_q)], h = bh % p.heads_q;
+    const HeadInfo head(p, b, h);
+    for (std::int64_t qt = chunk; qt * tile.block_q < head.seq.seqlen_q; qt += chunks)
+      tile_fn(w, b, h, head, qt * tile.block_q);
   });
 }
 
-// The keys a query tile [q0, q0 + rows) works on. Rows see prefixes (causal) or everything, so the last row
-// sees most: keys [lo, hi) are visible to some row; keys in [all_lo, all_hi) to every row, so key tiles inside
-// that range need no mask.
-struct TileKeys {
-  std::int64_t lo, hi, all_lo, all_hi;
-  TileKeys(const detail::AttnParams& p, std::int64_t q0, int rows)
-      : lo(p.key_begin(q0)), hi(p.key_end(q0 + rows - 1)), all_lo(p.key_begin(q0 + rows - 1)),
-        all_hi(p.key_end(q0)) {}
-  bool needs_mask(std::int64_t k0, int n) const { return k0 < all_lo || k0 + n > all_hi; }
+// The key tiles [first, last) a query tile visits (MaskPolicy::key_tiles) and the end of the keys any of its
+// rows sees: a tile is cut there, so keys past every row's last visible key are never computed.
+struct KeyWalk {
+  detail::Range tiles;
+  std::int64_t end;
+  KeyWalk(const HeadInfo& head, std::int64_t q0, int rows, int block_k)
+      : tiles(head.mask.key_tiles(q0, rows, block_k)), end(head.mask.keys(q0, rows).end) {}
+  int width(std::int64_t k0, int block_k) const { return static_cast<int>(std::min<std::int64_t>(block_k, end - k0)); }
 };
+
+// Starts the online softmax of a row: the sink logit as the running max with sum 1 (lse = log(exp(sink) +
+// Σ exp(s))), or −inf and 0 without a sink.
+inline void start_row(const HeadInfo& head, float& m, float& l) {
+  m = head.sink;
+  l = head.sink > kNegInf ? 1.0f : 0.0f;
+}
 
 // One step of the online softmax for one query row: scores sr[0, n) in natural units (scaled by the softmax
 // scale; masked entries −inf) become P = e^(s − m_new), the running max m and sum l absorb the tile, and the
@@ -65,18 +76,19 @@ inline void online_softmax_row(float* sr, int n, float& m, float& l, float* acc,
 }
 
 // O = acc / l and LSE = m + log l (natural units) for rows [q0, q0 + rows) of head (b, h). A row that sees no
-// key, or whose visible scores are all −inf (l = 0: the row max, if finite, contributes e^0 = 1), is defined
-// as O = 0, LSE = −inf, whatever acc holds (0 · NaN from a value it cannot weigh). A NaN or +inf visible score
-// left l NaN, and O and LSE follow.
+// key, or whose visible scores are all −inf, has l = 0 without a sink (the row max, if finite, contributes
+// e^0 = 1) and is defined as O = 0, LSE = −inf, whatever acc holds (0 · NaN from a value it cannot weigh); with
+// a sink it has l = 1, m = sink, acc = 0: O = 0, LSE = sink. A NaN or +inf visible score left l NaN, and O and
+// LSE follow.
 template <class T>
-void write_output_rows(const detail::AttnParams& p, std::int64_t b, std::int64_t h, std::int64_t q0, int rows,
-                       const float* acc, int ldacc, const float* m, const float* l, int dv) {
+void write_output_rows(const detail::AttnParams& p, const HeadInfo& head, std::int64_t b, std::int64_t h,
+                       std::int64_t q0, int rows, const float* acc, int ldacc, const float* m, const float* l, int dv) {
   for (int r = 0; r < rows; ++r) {
-    const std::int64_t i = q0 + r;
+    const std::int64_t i = head.seq.q_row0 + q0 + r;
     T* o = row_ptr<T>(p.out, p.out_stride, b, i, h);
     float* lse = p.lse + b * p.lse_stride.batch + h * p.lse_stride.head + i * p.lse_stride.row;
     const float* ar = acc + static_cast<std::int64_t>(r) * ldacc;
-    if (p.key_end(i) <= p.key_begin(i) || l[r] == 0.0f) {
+    if (l[r] == 0.0f) {
       for (int c = 0; c < dv; ++c) o[c] = from_float<T>(0.0f);
       *lse = kNegInf;
       continue;

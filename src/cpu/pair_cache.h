@@ -25,6 +25,7 @@
 #include "cpu/convert.h"
 #include "cpu/forward_common.h"
 #include "cpu/kernel_common.h"
+#include "cpu/score_row.h"
 #include "cpu/tile_config.h"
 
 namespace flashtile::cpu {
@@ -35,7 +36,7 @@ struct PairScratch {
   std::int64_t n_kt;
   std::unique_ptr<std::uint16_t[]> q, pb, kt, v;
   std::unique_ptr<float[]> s, acc, m, l;
-  std::unique_ptr<int[]> limit;
+  std::unique_ptr<int[]> lo, hi;  // visible keys [lo, hi) of each row in the current key tile
   std::unique_ptr<bool[]> v_nonfinite;  // per group of `align` keys
   std::int64_t cached_b = -1, cached_hk = -1, converted = 0, zeroed = 0;
 
@@ -51,7 +52,7 @@ struct PairScratch {
         pb(zeros<std::uint16_t>(static_cast<std::int64_t>(bq) * bk)), kt(zeros<std::uint16_t>(n_kt * kp * bk * 2)),
         v(zeros<std::uint16_t>(n_kt * bk * ldv)), s(zeros<float>(static_cast<std::int64_t>(bq) * bk)),
         acc(zeros<float>(static_cast<std::int64_t>(bq) * ldv)), m(zeros<float>(bq)), l(zeros<float>(bq)),
-        limit(new int[static_cast<std::size_t>(bq)]), v_nonfinite(zeros<bool>(n_kt * bk / align + 1)) {}
+        lo(new int[static_cast<std::size_t>(bq)]), hi(new int[static_cast<std::size_t>(bq)]), v_nonfinite(zeros<bool>(n_kt * bk / align + 1)) {}
   std::uint16_t* kt_tile(std::int64_t k0) { return kt.get() + (k0 / bk) * kp * bk * 2; }
   // The pair row holding keys k0 and k0 + 1 (k0 even).
   std::uint16_t* v_pairs(std::int64_t k0) { return v.get() + (k0 / 2) * 2 * ldv; }
@@ -77,8 +78,10 @@ inline void put_key(PairScratch& w, const BFloat16* ks, const BFloat16* vs, std:
   if (nonfinite) w.v_nonfinite[j / w.align] = true;
 }
 
-// Makes keys [0, k_hi) of KV head (b, hk) available in the cache, zeros up to the next `align` keys.
-inline void cache_keys(const detail::AttnParams& p, PairScratch& w, std::int64_t b, std::int64_t hk, std::int64_t k_hi) {
+// Makes keys [0, k_hi) of KV head (b, hk) available in the cache, zeros up to the next `align` keys; the
+// sequence's keys start at row k_row0.
+inline void cache_keys(const detail::AttnParams& p, PairScratch& w, std::int64_t b, std::int64_t k_row0, std::int64_t hk,
+                       std::int64_t k_hi) {
   if (w.cached_b != b || w.cached_hk != hk) {
     w.cached_b = b;
     w.cached_hk = hk;
@@ -86,7 +89,8 @@ inline void cache_keys(const detail::AttnParams& p, PairScratch& w, std::int64_t
     std::fill_n(w.v_nonfinite.get(), w.n_kt * w.bk / w.align + 1, false);
   }
   for (std::int64_t j = w.converted; j < k_hi; ++j)
-    put_key(w, row_ptr<BFloat16>(p.k, p.k_stride, b, j, hk), row_ptr<BFloat16>(p.v, p.v_stride, b, j, hk), j);
+    put_key(w, row_ptr<BFloat16>(p.k, p.k_stride, b, k_row0 + j, hk), row_ptr<BFloat16>(p.v, p.v_stride, b, k_row0 + j, hk),
+            j);
   w.converted = std::max(w.converted, k_hi);
   const std::int64_t pad_hi = std::min<std::int64_t>(PairScratch::round_up(w.converted, w.align), w.n_kt * w.bk);
   for (std::int64_t j = std::max(w.converted, w.zeroed); j < pad_hi; ++j) put_key(w, nullptr, nullptr, j);
@@ -106,31 +110,32 @@ inline void add_keys(const PairScratch& w, const std::uint16_t* v_tile, const st
 }
 
 // Starts query rows [q0, q0 + rows) of head (b, h): their bits into the Q tile (columns d .. ldq stay zero),
-// running max -inf, sum 0, output row 0.
+// the online softmax's start (start_row: the sink, or −inf and 0), output row 0.
 inline void start_query_rows(const detail::AttnParams& p, PairScratch& w, std::int64_t b, std::int64_t h,
-                             std::int64_t q0, int rows) {
+                             const HeadInfo& head, std::int64_t q0, int rows) {
   for (int r = 0; r < rows; ++r) {
-    const BFloat16* src = row_ptr<BFloat16>(p.q, p.q_stride, b, q0 + r, h);
+    const BFloat16* src = row_ptr<BFloat16>(p.q, p.q_stride, b, head.seq.q_row0 + q0 + r, h);
     std::uint16_t* dst = w.q.get() + static_cast<std::int64_t>(r) * w.ldq;
     for (int c = 0; c < w.d; ++c) dst[c] = src[c].bits;
-    w.m[r] = kNegInf;
-    w.l[r] = 0.0f;
+    start_row(head, w.m[r], w.l[r]);
     std::fill_n(w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.ldv, 0.0f);
   }
 }
 
 // The softmax step of key tile [k0, k0 + n) for rows [0, rows): unscaled scores in w.s (the softmax scale is
 // applied to the float32 scores, not folded into Q, which would round Q a second time) become P, rounded to
-// bf16 in w.pb with zeros from n to n_pad; the running max and sum absorb the tile; w.limit[r] = the keys row r
-// sees in the tile. The scale is applied before masking, so a masked key is −inf whatever the scale's sign
-// (−inf · a negative scale would be +inf, · 0 NaN).
-inline void softmax_rows_to_bf16(const detail::AttnParams& p, PairScratch& w, std::int64_t q0, int rows,
-                                 std::int64_t k0, int n, int n_pad, bool needs_mask) {
+// bf16 in w.pb with zeros from n to n_pad; the running max and sum absorb the tile; [w.lo[r], w.hi[r]) = the
+// keys row r sees in the tile. The scale and the score hook are applied before masking, so a masked key is −inf
+// whatever the scale's sign (−inf · a negative scale would be +inf, · 0 NaN).
+inline void softmax_rows_to_bf16(const detail::AttnParams& p, PairScratch& w, const HeadInfo& head, std::int64_t q0,
+                                 int rows, std::int64_t k0, int n, int n_pad, bool needs_mask) {
   for (int r = 0; r < rows; ++r) {
     float* sr = w.s.get() + static_cast<std::int64_t>(r) * w.bk;
     scale_row(sr, n, p.softmax_scale);
-    if (needs_mask) mask_row(p, q0 + r, k0, n, sr);
-    w.limit[r] = needs_mask ? visible_in_tile(p, q0 + r, k0, n) : n;
+    score_row(head.hook, q0 + r, k0, sr, n);
+    const TileKeys vis = needs_mask ? mask_row(head.mask, q0 + r, k0, n, sr) : TileKeys{0, n};
+    w.lo[r] = vis.begin;
+    w.hi[r] = vis.end;
     online_softmax_row(sr, n, w.m[r], w.l[r], w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.dv);
     to_bf16_row(sr, w.pb.get() + static_cast<std::int64_t>(r) * w.bk, n, n_pad);
   }

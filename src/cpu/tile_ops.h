@@ -2,11 +2,10 @@
 // files only: the SIMD builds use the register-blocked micro-kernels (microkernel.h) and vector exp2,
 // the scalar build the plain loops below, which the compiler vectorises as it can.
 //
-// `limit` (optional, one entry per query row of the tile) bounds the key index a query row may touch:
-// masked keys then contribute nothing at all, not even 0 · NaN, so a NaN in a key or value that a row
-// does not see can never reach that row (standard attention with an additive mask would leak it). Only
-// tiles that cross the causal diagonal pass a limit; they take the plain loops. Key tiles start at or
-// after every row's first visible key today (causal / no mask); a window mask would add a lower bound.
+// `lo` / `hi` (optional, together, one entry per query row of the tile) bound the keys a query row may touch
+// to [lo, hi): masked keys then contribute nothing at all, not even 0 · NaN, so a NaN in a key or value that a
+// row does not see can never reach that row (standard attention with an additive mask would leak it). Only
+// partial tiles (MaskPolicy::tile) pass bounds; they take the plain loops.
 #pragma once
 
 #include "cpu/isa_namespace.h"
@@ -23,19 +22,19 @@ FT_ISA_BEGIN
 // Leading dimension of a scratch tile with n columns: a whole number of 16-float vectors.
 constexpr int padded(std::int64_t n) { return static_cast<int>((n + 15) / 16 * 16); }
 
-// C[m][n] (+)= A[m][k] · B[k][n]; row i of A uses only its first limit[i] columns when limit is given.
+// C[m][n] (+)= A[m][k] · B[k][n]; row i of A uses only its columns [lo[i], hi[i]) when bounds are given.
 inline void gemm_nn(int m, int n, int k, const float* __restrict a, int lda, const float* __restrict b, int ldb,
-                    float* __restrict c, int ldc, bool accumulate, const int* limit = nullptr) {
+                    float* __restrict c, int ldc, bool accumulate, const int* lo = nullptr, const int* hi = nullptr) {
 #if FT_SIMD_WIDTH
-  if (limit == nullptr && n % simd::W == 0) return simd::gemm<false>(m, n, k, a, lda, b, ldb, c, ldc, accumulate);
+  if (hi == nullptr && n % simd::W == 0) return simd::gemm<false>(m, n, k, a, lda, b, ldb, c, ldc, accumulate);
 #endif
   for (int i = 0; i < m; ++i) {
     float* __restrict ci = c + static_cast<std::int64_t>(i) * ldc;
     if (!accumulate)
       for (int j = 0; j < n; ++j) ci[j] = 0.0f;
     const float* ai = a + static_cast<std::int64_t>(i) * lda;
-    const int kend = limit != nullptr ? limit[i] : k;
-    for (int p = 0; p < kend; ++p) {
+    const int kbegin = hi != nullptr ? lo[i] : 0, kend = hi != nullptr ? hi[i] : k;
+    for (int p = kbegin; p < kend; ++p) {
       const float av = ai[p];
       const float* __restrict bp = b + static_cast<std::int64_t>(p) * ldb;
       for (int j = 0; j < n; ++j) ci[j] += av * bp[j];
@@ -43,17 +42,17 @@ inline void gemm_nn(int m, int n, int k, const float* __restrict a, int lda, con
   }
 }
 
-// C[m][n] += A[k][m]ᵀ · B[k][n]; row p of A (a query row) reaches only C rows i < limit[p].
+// C[m][n] += A[k][m]ᵀ · B[k][n]; row p of A (a query row) reaches only C rows [lo[p], hi[p]) when bounds are given.
 inline void gemm_tn(int m, int n, int k, const float* __restrict a, int lda, const float* __restrict b, int ldb,
-                    float* __restrict c, int ldc, const int* limit = nullptr) {
+                    float* __restrict c, int ldc, const int* lo = nullptr, const int* hi = nullptr) {
 #if FT_SIMD_WIDTH
-  if (limit == nullptr && n % simd::W == 0) return simd::gemm<true>(m, n, k, a, lda, b, ldb, c, ldc, true);
+  if (hi == nullptr && n % simd::W == 0) return simd::gemm<true>(m, n, k, a, lda, b, ldb, c, ldc, true);
 #endif
   for (int p = 0; p < k; ++p) {
     const float* ap = a + static_cast<std::int64_t>(p) * lda;
     const float* __restrict bp = b + static_cast<std::int64_t>(p) * ldb;
-    const int mend = limit != nullptr ? limit[p] : m;
-    for (int i = 0; i < mend; ++i) {
+    const int mbegin = hi != nullptr ? lo[p] : 0, mend = hi != nullptr ? hi[p] : m;
+    for (int i = mbegin; i < mend; ++i) {
       const float av = ap[i];
       float* __restrict ci = c + static_cast<std::int64_t>(i) * ldc;
       for (int j = 0; j < n; ++j) ci[j] += av * bp[j];
