@@ -27,6 +27,8 @@ from ._api import (
     explain,
     flash_attn_backward,
     flash_attn_func,
+    flash_attn_varlen_backward,
+    flash_attn_varlen_func,
     last_dispatch,
     scaled_dot_product_attention,
     torch_extension,
@@ -35,6 +37,8 @@ from ._api import (
 __all__ = [
     "flash_attn_func",
     "flash_attn_backward",
+    "flash_attn_varlen_func",
+    "flash_attn_varlen_backward",
     "scaled_dot_product_attention",
     "explain",
     "last_dispatch",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _common, _numpy
-from ._common import InvalidArgumentError, check_dropout, check_rank, kind_name
+from ._common import InvalidArgumentError, check_dropout, check_rank, kind_name, layouts, make_call
 
 try:
     import torch
@@ -30,8 +30,19 @@ def _path(q):
     raise TypeError(f"q: expected a numpy.ndarray or a torch.Tensor, got {kind_name(q)}")
 
 
-def flash_attn_func(q, k, v, *, softmax_scale=None, causal=False, return_lse=False, backend="auto",
-                    strict=False, deterministic=False, dropout_p=0.0):
+_VARIANT_DOC = """
+        window_size: (left, right) sliding window around each query's aligned diagonal: query i sees keys j with
+            i + Sk - Sq - left <= j <= i + Sk - Sq + right; -1 means unbounded on that side. causal=True
+            means right = 0.
+        softcap: score capping (Gemma 2, Grok): s = softcap * tanh(s / softcap) after the scale; 0.0 = off.
+        alibi_slopes: (Hq) or (B, Hq) float32 on q's device: s -= slope * |i + Sk - Sq - j| (BLOOM, MPT).
+        sinks: (Hq) float32 on q's device: one logit per query head in each softmax denominator that adds no
+            value (gpt-oss): lse_i = log(exp(sink) + sum_j exp(s_ij)). Differentiable for torch tensors."""
+
+
+def flash_attn_func(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                    alibi_slopes=None, sinks=None, return_lse=False, backend="auto", strict=False,
+                    deterministic=False, dropout_p=0.0):
     """Exact attention, softmax(softmax_scale * q @ k^T) @ v, computed in tiles without materialising P.
 
     Args:
@@ -41,8 +52,8 @@ def flash_attn_func(q, k, v, *, softmax_scale=None, causal=False, return_lse=Fal
         v: (B, Sk, Hkv, Dv).
         softmax_scale: multiplies q @ k^T; default 1 / sqrt(D).
         causal: mask aligned to the bottom-right corner, as in flash_attn >= 2.1: query i sees keys
-            j <= i + Sk - Sq. With Sq > Sk the first Sq - Sk rows see no key: their output is 0 and their
-            lse is -inf.
+            j <= i + Sk - Sq. A row that sees no key (e.g. the first Sq - Sk rows when Sq > Sk) gets output 0
+            and lse -inf (with sinks: lse = sink).{variants}
         return_lse: also return lse, (B, Hq, Sq) float32, the log-sum-exp of each score row.
         backend: "auto" or a name from flashtile.backend_names(), e.g. "cpu-flash" or "cpu-reference".
         strict: error instead of falling back when the requested (or, with "auto", the first-choice)
@@ -52,33 +63,72 @@ def flash_attn_func(q, k, v, *, softmax_scale=None, causal=False, return_lse=Fal
 
     Returns:
         out (B, Sq, Hq, Dv) of q's type, dtype and device, or (out, lse) with return_lse. For torch tensors
-        the call is the custom op flashtile::fwd, differentiable in q, k and v (not in lse) and traceable
-        by torch.compile(fullgraph=True).
+        the call is differentiable in q, k, v and sinks (not in lse) and traceable by torch.compile(fullgraph=True).
 
     Every argument after v is keyword-only: flash_attn's fourth positional argument is dropout_p, and a
     call written for it must not silently pass that value as softmax_scale.
     """
     if dropout_p != 0.0:
         check_dropout(dropout_p)
-    if _is_torch(q):  # positional: this runs on every call of a training or serving loop
-        out, lse = _torch_ops.forward(q, k, v, softmax_scale, causal, backend, strict, deterministic)
+    call = make_call(softmax_scale, causal, window_size, softcap, alibi_slopes, sinks, backend, strict, deterministic)
+    if _is_torch(q):  # checked first: this runs on every call of a training or serving loop
+        out, lse = _torch_ops.forward(q, k, v, call)
     else:
         _path(q)  # raises for what is neither numpy nor torch
-        out, lse = _numpy.forward(q, k, v, softmax_scale=softmax_scale, causal=causal, backend=backend,
-                                  strict=strict)
+        out, lse = _numpy.forward(q, k, v, call)
     return (out, lse) if return_lse else out
 
 
-def flash_attn_backward(q, k, v, out, dout, lse, *, softmax_scale=None, causal=False, backend="auto",
-                        strict=False, deterministic=False):
-    """Gradients (dq, dk, dv) of flash_attn_func's out given dout, for numpy users (torch users get them
-    from autograd). out and lse are what flash_attn_func(..., return_lse=True) returned for the same
-    q, k, v and options; P is recomputed from them. dk and dv sum over the query heads sharing a KV head.
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None,
+                           causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None,
+                           return_lse=False, backend="auto", strict=False, deterministic=False, dropout_p=0.0):
+    """flash_attn_func over a packed batch of sequences of different lengths (flash_attn's varlen form).
+
+    Args:
+        q: (total_q, Hq, D): the batch's query rows, sequence b at rows cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1.
+        k, v: (total_k, Hkv, D) and (total_k, Hkv, Dv), sequence b at rows cu_seqlens_k[b] .. cu_seqlens_k[b+1]-1.
+        cu_seqlens_q, cu_seqlens_k: (B + 1) int32 on q's device: 0, then the running sums of the lengths.
+            Empty sequences are allowed.
+        max_seqlen_q, max_seqlen_k: at least the longest query / key sequence (they size the kernels' grids).
+        Every other argument as in flash_attn_func, applied per sequence (the causal diagonal and the window
+        are aligned to each sequence's own bottom-right corner).
+
+    Returns:
+        out (total_q, Hq, Dv), or (out, lse) with return_lse, lse (Hq, total_q) float32.
     """
-    if _path(q) is _torch_ops:
-        return _torch_ops.backward(q, k, v, out, dout, lse, softmax_scale, causal, backend, strict, deterministic)
-    return _numpy.backward(q, k, v, out, dout, lse, softmax_scale=softmax_scale, causal=causal, backend=backend,
-                           strict=strict, deterministic=deterministic)
+    if dropout_p != 0.0:
+        check_dropout(dropout_p)
+    call = make_call(softmax_scale, causal, window_size, softcap, alibi_slopes, sinks, backend, strict, deterministic,
+                     cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if _is_torch(q):
+        out, lse = _torch_ops.forward(q, k, v, call)
+    else:
+        _path(q)
+        out, lse = _numpy.forward(q, k, v, call)
+    return (out, lse) if return_lse else out
+
+
+flash_attn_func.__doc__ = flash_attn_func.__doc__.format(variants=_VARIANT_DOC)
+
+
+def flash_attn_backward(q, k, v, out, dout, lse, *, softmax_scale=None, causal=False, window_size=(-1, -1),
+                        softcap=0.0, alibi_slopes=None, sinks=None, backend="auto", strict=False, deterministic=False):
+    """Gradients (dq, dk, dv) of flash_attn_func's out given dout, for numpy users (torch users get them
+    from autograd); with sinks, (dq, dk, dv, dsinks). out and lse are what flash_attn_func(...,
+    return_lse=True) returned for the same q, k, v and options; P is recomputed from them. dk and dv sum over
+    the query heads sharing a KV head.
+    """
+    call = make_call(softmax_scale, causal, window_size, softcap, alibi_slopes, sinks, backend, strict, deterministic)
+    return _path(q).backward(q, k, v, out, dout, lse, call)
+
+
+def flash_attn_varlen_backward(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+                               softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                               alibi_slopes=None, sinks=None, backend="auto", strict=False, deterministic=False):
+    """flash_attn_backward for flash_attn_varlen_func's packed layout: (dq, dk, dv) or (dq, dk, dv, dsinks)."""
+    call = make_call(softmax_scale, causal, window_size, softcap, alibi_slopes, sinks, backend, strict, deterministic,
+                     cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    return _path(q).backward(q, k, v, out, dout, lse, call)
 
 
 def _swap12(x):
@@ -118,22 +168,24 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     return _swap12(out)
 
 
-def explain(q, k, v, *, softmax_scale=None, causal=False, backend="auto", strict=False, backward=False,
-            deterministic=False):
-    """The DispatchReport of the kernel that flash_attn_func (or, with backward=True, its backward) would
-    run for these arguments, with every refused backend's reasons; reads no data. Bad arguments raise the
-    same errors as the real call; when no backend could run it, report.backend is "" and every refusal is
-    listed. str(report) is a readable summary, report.to_dict() a dict."""
+def explain(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+            sinks=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, backend="auto",
+            strict=False, backward=False, deterministic=False):
+    """The DispatchReport of the kernel that flash_attn_func (or flash_attn_varlen_func, with cu_seqlens; or, with
+    backward=True, its backward) would run for these arguments, with every refused backend's reasons; reads no
+    data. Bad arguments raise the same errors as the real call; when no backend could run it, report.backend is ""
+    and every refusal is listed. str(report) is a readable summary, report.to_dict() a dict."""
+    call = make_call(softmax_scale, causal, window_size, softcap, alibi_slopes, sinks, backend, strict, deterministic,
+                     cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     path = _path(q)
-    kwargs = dict(softmax_scale=softmax_scale, causal=causal, backend=backend, strict=strict)
     if path is _torch_ops:
-        return _torch_ops.explain(q, k, v, deterministic=deterministic, backward=backward, **kwargs)
+        return _torch_ops.explain(q, k, v, call, backward)
     if not backward:
-        return _numpy.forward(q, k, v, explain=True, **kwargs)
-    _numpy.check((("q", q, _numpy.Q), ("k", k, _numpy.K), ("v", v, _numpy.V)))
-    out = np.empty(q.shape[:3] + v.shape[3:], dtype=q.dtype)
-    lse = np.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=np.float32)
-    return _numpy.backward(q, k, v, out, out.copy(), lse, deterministic=deterministic, explain=True, **kwargs)
+        return _numpy.forward(q, k, v, call, explain=True)
+    lq, lk, lv, _, _ = layouts(call)
+    _numpy.check((("q", q, lq), ("k", k, lk), ("v", v, lv)), 3 if call.varlen else 4)
+    out, lse = _numpy.empty_outputs(q, v, call)
+    return _numpy.backward(q, k, v, out, out.copy(), lse, call, explain=True)
 
 
 last_dispatch = _common.last_dispatch

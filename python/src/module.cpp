@@ -51,14 +51,46 @@ Options make_options(std::optional<double> softmax_scale, bool causal, const std
   return o;
 }
 
+bool given(nb::handle h) { return h.is_valid() && !h.is_none(); }
+
+// The variants' arguments as the Python layer passes them: None (none of them), or the tuple
+// (window_left, window_right, softcap, alibi_slopes, sinks, dsinks, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+// max_seqlen_k), tensors None when absent. `view(handle, name, writable)` turns a tensor into a TensorView.
+template <class View>
+void apply_variants(Options& o, nb::handle variants, View&& view) {
+  if (!given(variants)) return;
+  const auto t = nb::borrow<nb::tuple>(variants);
+  if (t.size() != 10) throw nb::value_error("variants: expected a tuple of 10 entries");
+  o.window_size = {nb::cast<std::int64_t>(t[0]), nb::cast<std::int64_t>(t[1])};
+  o.softcap = static_cast<float>(nb::cast<double>(t[2]));
+  if (given(t[3])) o.alibi_slopes = view(t[3], "alibi_slopes", false);
+  if (given(t[4])) o.sinks = view(t[4], "sinks", false);
+  if (given(t[5])) o.dsinks = view(t[5], "dsinks", true);
+  if (given(t[6])) o.cu_seqlens_q = view(t[6], "cu_seqlens_q", false);
+  if (given(t[7])) o.cu_seqlens_k = view(t[7], "cu_seqlens_k", false);
+  o.max_seqlen_q = nb::cast<std::int64_t>(t[8]);
+  o.max_seqlen_k = nb::cast<std::int64_t>(t[9]);
+}
+
+auto dlpack_views(Imports& in) {
+  return [&in](nb::handle h, const char* name, bool writable) {
+    return writable ? in.output(h, name, false) : in.input(h, name, false);
+  };
+}
+
+auto torch_views() {
+  return [](nb::handle h, const char* name, bool) { return torch_view(h, name); };
+}
+
 DispatchReport forward(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse,
                        std::optional<double> softmax_scale, bool causal, const std::string& backend, bool strict,
-                       int num_threads, bool bf16_bits, bool explain) {
+                       int num_threads, bool bf16_bits, bool explain, nb::handle variants) {
   Imports in;
   const TensorView tq = in.input(q, "q", bf16_bits), tk = in.input(k, "k", bf16_bits),
                    tv = in.input(v, "v", bf16_bits), to = in.output(out, "out", bf16_bits),
                    tl = in.output(lse, "lse", false);
-  const Options o = make_options(softmax_scale, causal, backend, strict, false, num_threads);
+  Options o = make_options(softmax_scale, causal, backend, strict, false, num_threads);
+  apply_variants(o, variants, dlpack_views(in));
   if (explain) return explain_forward(tq, tk, tv, to, tl, o);
   // The views stay valid without the GIL: `in` holds a reference to every tensor.
   nb::gil_scoped_release unlocked;
@@ -70,14 +102,15 @@ DispatchReport forward(nb::handle q, nb::handle k, nb::handle v, nb::handle out,
 DispatchReport backward(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle dout, nb::handle lse,
                         nb::handle dq, nb::handle dk, nb::handle dv, std::optional<double> softmax_scale,
                         bool causal, const std::string& backend, bool strict, bool deterministic,
-                        int num_threads, bool bf16_bits, bool explain) {
+                        int num_threads, bool bf16_bits, bool explain, nb::handle variants) {
   Imports in;
   const TensorView tq = in.input(q, "q", bf16_bits), tk = in.input(k, "k", bf16_bits),
                    tv = in.input(v, "v", bf16_bits), to = in.input(out, "out", bf16_bits),
                    tdo = in.input(dout, "dout", bf16_bits), tl = in.input(lse, "lse", false),
                    tdq = in.output(dq, "dq", bf16_bits), tdk = in.output(dk, "dk", bf16_bits),
                    tdv = in.output(dv, "dv", bf16_bits);
-  const Options o = make_options(softmax_scale, causal, backend, strict, deterministic, num_threads);
+  Options o = make_options(softmax_scale, causal, backend, strict, deterministic, num_threads);
+  apply_variants(o, variants, dlpack_views(in));
   if (explain) return explain_backward(tq, tk, tv, to, tdo, tl, tdq, tdk, tdv, o);
   nb::gil_scoped_release unlocked;
   DispatchReport r = flashtile::backward(tq, tk, tv, to, tdo, tl, tdq, tdk, tdv, o);
@@ -90,10 +123,11 @@ DispatchReport backward(nb::handle q, nb::handle k, nb::handle v, nb::handle out
 // kept for last_dispatch(). Everything here runs on every call of flash_attn_func, so it stays lean.
 void forward_torch(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse,
                    std::optional<double> softmax_scale, bool causal, const std::string& backend, bool strict,
-                   std::uintptr_t stream) {
+                   std::uintptr_t stream, nb::handle variants) {
   const TensorView tq = torch_view(q, "q"), tk = torch_view(k, "k"), tv = torch_view(v, "v"),
                    to = torch_view(out, "out"), tl = torch_view(lse, "lse");
   Options o = make_options(softmax_scale, causal, backend, strict, false, 0);
+  apply_variants(o, variants, torch_views());
   o.cuda_stream = reinterpret_cast<void*>(stream);
   o.device_pointers_checked = true;  // torch tensors: data_ptr is memory of the device they report
   nb::gil_scoped_release unlocked;
@@ -119,11 +153,12 @@ void* torch_workspace(std::size_t bytes, void* context) {
 void backward_torch(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle dout, nb::handle lse,
                     nb::handle dq, nb::handle dk, nb::handle dv, std::optional<double> softmax_scale, bool causal,
                     const std::string& backend, bool strict, bool deterministic, std::uintptr_t stream,
-                    nb::handle workspace) {
+                    nb::handle workspace, nb::handle variants) {
   const TensorView tq = torch_view(q, "q"), tk = torch_view(k, "k"), tv = torch_view(v, "v"),
                    to = torch_view(out, "out"), tdo = torch_view(dout, "dout"), tl = torch_view(lse, "lse"),
                    tdq = torch_view(dq, "dq"), tdk = torch_view(dk, "dk"), tdv = torch_view(dv, "dv");
   Options o = make_options(softmax_scale, causal, backend, strict, deterministic, 0);
+  apply_variants(o, variants, torch_views());
   o.cuda_stream = reinterpret_cast<void*>(stream);
   o.device_pointers_checked = true;  // torch tensors: data_ptr is memory of the device they report
   TorchWorkspace ws{workspace, {}};
@@ -250,14 +285,19 @@ NB_MODULE(_core, m) {
   bind_reports(m);
   m.def("forward", &forward, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, nb::kw_only(), "softmax_scale"_a = nb::none(),
         "causal"_a = false, "backend"_a = "auto", "strict"_a = false, "num_threads"_a = 0, "bf16_bits"_a = false,
-        "explain"_a = false,
+        "explain"_a = false, "variants"_a = nb::none(),
         "Runs (or, with explain=True, only plans) the forward pass into the caller's out and lse.");
   m.def("backward", &backward, "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "lse"_a, "dq"_a, "dk"_a, "dv"_a,
         nb::kw_only(), "softmax_scale"_a = nb::none(), "causal"_a = false, "backend"_a = "auto", "strict"_a = false,
         "deterministic"_a = false, "num_threads"_a = 0, "bf16_bits"_a = false, "explain"_a = false,
+        "variants"_a = nb::none(),
         "Runs (or, with explain=True, only plans) the backward pass into the caller's dq, dk and dv.");
-  m.def("forward_torch", &forward_torch, "Forward on torch tensors (the torch path's hot call).");
-  m.def("backward_torch", &backward_torch, "Backward on torch tensors (the torch path's hot call).");
+  m.def("forward_torch", &forward_torch, "Forward on torch tensors (the torch path's hot call).", "q"_a, "k"_a,
+        "v"_a, "out"_a, "lse"_a, "softmax_scale"_a.none(), "causal"_a, "backend"_a, "strict"_a, "stream"_a,
+        "variants"_a = nb::none());
+  m.def("backward_torch", &backward_torch, "Backward on torch tensors (the torch path's hot call).", "q"_a, "k"_a,
+        "v"_a, "out"_a, "dout"_a, "lse"_a, "dq"_a, "dk"_a, "dv"_a, "softmax_scale"_a.none(), "causal"_a,
+        "backend"_a, "strict"_a, "deterministic"_a, "stream"_a, "workspace"_a, "variants"_a = nb::none());
   m.def("torch_bridge", &torch_bridge, "Address of the entry-point table for flashtile._torch_ext (bridge.h).");
   m.def("last_report", &last_report, "The report of the most recent call made through this module (any thread).");
   m.def("backend_names", &flashtile::backend_names, "Backends compiled into this build, in auto priority order.");

@@ -38,6 +38,7 @@ DType to_dtype(dl::dtype t, const char* name, bool bf16_bits) {
     if (code == dl::dtype_code::Float && t.bits == 16) return DType::float16;
     if (code == dl::dtype_code::Bfloat && t.bits == 16) return DType::bfloat16;
     if (bf16_bits && code == dl::dtype_code::UInt && t.bits == 16) return DType::bfloat16;
+    if (code == dl::dtype_code::Int && t.bits == 32) return DType::int32;  // cu_seqlens; the library says where
   }
   throw DTypeError(std::string(name) + ": unsupported dtype " + dtype_str(t) +
                    "; FlashTile takes float32, float16 or bfloat16");
@@ -110,7 +111,7 @@ TensorView make(const Array& a, const char* name, bool bf16_bits) {
 // torch's objects and attribute names, looked up once. Never freed: they must not be released after the
 // interpreter has gone.
 struct Torch {
-  nb::object tensor_type, float32, float16, bfloat16;
+  nb::object tensor_type, float32, float16, bfloat16, int32;
   nb::str data_ptr{"data_ptr"}, shape{"shape"}, stride{"stride"}, dtype{"dtype"}, is_cuda{"is_cuda"},
       is_cpu{"is_cpu"}, get_device{"get_device"}, device{"device"};
 };
@@ -123,6 +124,7 @@ const Torch& torch() {
     r->float32 = m.attr("float32");
     r->float16 = m.attr("float16");
     r->bfloat16 = m.attr("bfloat16");
+    r->int32 = m.attr("int32");
     return r;
   }();
   return *t;
@@ -146,6 +148,7 @@ TensorView torch_view(nb::handle t, const char* name) {
   if (dtype.is(T.float32)) v.dtype = DType::float32;
   else if (dtype.is(T.bfloat16)) v.dtype = DType::bfloat16;
   else if (dtype.is(T.float16)) v.dtype = DType::float16;
+  else if (dtype.is(T.int32)) v.dtype = DType::int32;  // cu_seqlens; the library refuses it for q, k, v
   else {
     std::string d = nb::str(dtype).c_str();
     if (d.rfind("torch.", 0) == 0) d = d.substr(6);

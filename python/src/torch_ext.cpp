@@ -69,6 +69,7 @@ TensorView view(const at::Tensor& t) {
     case at::kFloat: v.dtype = DType::float32; break;
     case at::kHalf: v.dtype = DType::float16; break;
     case at::kBFloat16: v.dtype = DType::bfloat16; break;
+    case at::kInt: v.dtype = DType::int32; break;  // cu_seqlens
     default: fallback("dtype");
   }
   if (t.is_cuda()) {
@@ -95,8 +96,10 @@ TensorView view(const at::Tensor& t) {
   return v;
 }
 
-// The op's non-tensor arguments, kept in the autograd context between forward and backward.
+// The op's optional tensors and non-tensor arguments, kept in the autograd context between forward and backward.
 struct Call {
+  at::Tensor cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks;  // undefined when absent
+  std::int64_t max_seqlen_q = 0, max_seqlen_k = 0;
   std::optional<double> softmax_scale;
   bool causal = false;
   std::int64_t window_left = -1, window_right = -1;
@@ -104,6 +107,8 @@ struct Call {
   std::string backend;
   bool strict = false;
   bool deterministic = false;
+
+  bool varlen() const { return cu_seqlens_q.defined(); }
 };
 
 void* current_stream(const at::Tensor& q) {
@@ -113,8 +118,7 @@ void* current_stream(const at::Tensor& q) {
   return impl->getStreamNativeHandle(impl->getStream(q.device()));
 }
 
-Options options(const Call& c, const at::Tensor& q, const std::optional<at::Tensor>& alibi,
-                const std::optional<at::Tensor>& sinks) {
+Options options(const Call& c, const at::Tensor& q) {
   Options o;
   if (c.softmax_scale) o.softmax_scale = static_cast<float>(*c.softmax_scale);
   o.causal = c.causal;
@@ -125,22 +129,31 @@ Options options(const Call& c, const at::Tensor& q, const std::optional<at::Tens
   o.deterministic = c.deterministic;
   o.cuda_stream = current_stream(q);
   o.device_pointers_checked = true;  // torch tensors: data_ptr is memory of the device they report
-  if (alibi && alibi->defined()) o.alibi_slopes = view(*alibi);
-  if (sinks && sinks->defined()) o.sinks = view(*sinks);
+  if (c.alibi_slopes.defined()) o.alibi_slopes = view(c.alibi_slopes);
+  if (c.sinks.defined()) o.sinks = view(c.sinks);
+  if (c.cu_seqlens_q.defined()) o.cu_seqlens_q = view(c.cu_seqlens_q);
+  if (c.cu_seqlens_k.defined()) o.cu_seqlens_k = view(c.cu_seqlens_k);
+  o.max_seqlen_q = c.max_seqlen_q;
+  o.max_seqlen_k = c.max_seqlen_k;
   return o;
 }
 
-void require_rank4(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) fallback("rank");
+// q, k, v are [B, S, H, D], or [total, H, D] in a varlen call; anything else goes to the general path's errors.
+void require_rank(const Call& c, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const std::int64_t r = c.varlen() ? 3 : 4;
+  if (q.dim() != r || k.dim() != r || v.dim() != r) fallback("rank");
 }
 
 std::tuple<at::Tensor, at::Tensor> run_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                               const std::optional<at::Tensor>& alibi,
-                                               const std::optional<at::Tensor>& sinks, const Call& c) {
-  require_rank4(q, k, v);
-  const Options o = options(c, q, alibi, sinks);
-  at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());
-  at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(at::kFloat));
+                                               const Call& c) {
+  require_rank(c, q, k, v);
+  const Options o = options(c, q);
+  std::vector<std::int64_t> out_shape(q.sizes().begin(), q.sizes().end());
+  out_shape.back() = v.size(-1);
+  at::Tensor out = at::empty(out_shape, q.options());
+  // lse: [B, Hq, Sq], or [Hq, total_q] for a packed batch.
+  at::Tensor lse = c.varlen() ? at::empty({q.size(1), q.size(0)}, q.options().dtype(at::kFloat))
+                              : at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(at::kFloat));
   const std::array<TensorView, 5> t{view(q), view(k), view(v), view(out), view(lse)};
   std::array<char, 2048> msg{};
   check(bridge().forward(t.data(), o, msg.data(), msg.size()), msg);
@@ -164,40 +177,46 @@ void* workspace_alloc(std::size_t bytes, void* context) noexcept {
   }
 }
 
+// dq, dk, dv and (with sinks) dsinks.
 TensorList run_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-                        at::Tensor dout, const at::Tensor& lse, const std::optional<at::Tensor>& alibi,
-                        const std::optional<at::Tensor>& sinks, const Call& c) {
+                        at::Tensor dout, const at::Tensor& lse, const Call& c) {
   // Gradients of reductions arrive expanded (stride 0); the kernels need a unit-stride last dimension.
   if (dout.dim() > 0 && dout.stride(-1) != 1) dout = dout.contiguous();
-  Options o = options(c, q, alibi, sinks);
+  Options o = options(c, q);
   at::Tensor dq = at::empty(q.sizes(), q.options());
   // With no query rows no kernel runs, and dk, dv (sums over query rows) must be zero.
-  const bool no_rows = q.size(1) == 0;
+  const bool no_rows = c.varlen() ? q.size(0) == 0 : q.size(1) == 0;
   at::Tensor dk = no_rows ? at::zeros(k.sizes(), q.options()) : at::empty(k.sizes(), q.options());
   at::Tensor dv = no_rows ? at::zeros(v.sizes(), q.options()) : at::empty(v.sizes(), q.options());
   at::Tensor dsinks;
-  if (sinks && sinks->defined()) {
-    dsinks = at::empty(sinks->sizes(), sinks->options());
+  if (c.sinks.defined()) {
+    dsinks = at::empty(c.sinks.sizes(), c.sinks.options());
     o.dsinks = view(dsinks);
   }
   Workspace ws{q.options().dtype(at::kByte), {}};
   o.workspace_alloc = &workspace_alloc;
   o.workspace_alloc_context = &ws;
-  const std::array<TensorView, 9> t{view(q),    view(k),   view(v),  view(out), view(dout),
-                                    view(lse),  view(dq),  view(dk), view(dv)};
+  const std::array<TensorView, 9> t{view(q),   view(k),  view(v),  view(out), view(dout),
+                                    view(lse), view(dq), view(dk), view(dv)};
   std::array<char, 2048> msg{};
   check(bridge().backward(t.data(), o, msg.data(), msg.size()), msg);
   return {dq, dk, dv, dsinks};
 }
 
+// Inputs of forward(): q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, then the Call. backward() returns
+// one gradient per input; only q, k, v and sinks have one.
 class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
  public:
   static TensorList forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const std::optional<at::Tensor>& alibi, const std::optional<at::Tensor>& sinks,
-                            const Call& c) {
-    auto [out, lse] = run_forward(q, k, v, alibi, sinks, c);
+                            const std::optional<at::Tensor>& /*cu_seqlens_q*/,
+                            const std::optional<at::Tensor>& /*cu_seqlens_k*/,
+                            const std::optional<at::Tensor>& /*alibi_slopes*/,
+                            const std::optional<at::Tensor>& /*sinks*/, const Call& c) {
+    auto [out, lse] = run_forward(q, k, v, c);
     // out and lse are all the backward needs: P is recomputed, never stored.
-    ctx->save_for_backward({q, k, v, out, lse, alibi.value_or(at::Tensor()), sinks.value_or(at::Tensor())});
+    ctx->save_for_backward({q, k, v, out, lse, c.cu_seqlens_q, c.cu_seqlens_k, c.alibi_slopes, c.sinks});
+    ctx->saved_data["max_seqlen_q"] = c.max_seqlen_q;
+    ctx->saved_data["max_seqlen_k"] = c.max_seqlen_k;
     ctx->saved_data["softmax_scale"] = c.softmax_scale;
     ctx->saved_data["causal"] = c.causal;
     ctx->saved_data["window_left"] = c.window_left;
@@ -215,9 +234,15 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
 
   static TensorList backward(AutogradContext* ctx, TensorList grads) {
     const at::Tensor& dout = grads[0];
-    if (!dout.defined()) return TensorList(6);  // out did not reach the loss
+    if (!dout.defined()) return TensorList(8);  // out did not reach the loss
     const TensorList s = ctx->get_saved_variables();
     Call c;
+    c.cu_seqlens_q = s[5];
+    c.cu_seqlens_k = s[6];
+    c.alibi_slopes = s[7];
+    c.sinks = s[8];
+    c.max_seqlen_q = ctx->saved_data["max_seqlen_q"].toInt();
+    c.max_seqlen_k = ctx->saved_data["max_seqlen_k"].toInt();
     const c10::IValue& scale = ctx->saved_data["softmax_scale"];
     if (!scale.isNone()) c.softmax_scale = scale.toDouble();
     c.causal = ctx->saved_data["causal"].toBool();
@@ -227,40 +252,60 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     c.backend = ctx->saved_data["backend"].toStringRef();
     c.strict = ctx->saved_data["strict"].toBool();
     c.deterministic = ctx->saved_data["deterministic"].toBool();
-    const std::optional<at::Tensor> alibi = s[5].defined() ? std::optional<at::Tensor>(s[5]) : std::nullopt;
-    const std::optional<at::Tensor> sinks = s[6].defined() ? std::optional<at::Tensor>(s[6]) : std::nullopt;
-    TensorList g = run_backward(s[0], s[1], s[2], s[3], dout, s[4], alibi, sinks, c);
-    return {g[0], g[1], g[2], at::Tensor(), g[3], at::Tensor()};
+    TensorList g = run_backward(s[0], s[1], s[2], s[3], dout, s[4], c);
+    return {g[0], g[1], g[2], at::Tensor(), at::Tensor(), at::Tensor(), g[3], at::Tensor()};
   }
 };
 
-Call make_call(std::optional<double> softmax_scale, bool causal, std::int64_t window_left,
-               std::int64_t window_right, double softcap, const std::string& backend, bool strict,
-               bool deterministic) {
-  return Call{softmax_scale, causal, window_left, window_right, softcap, backend, strict, deterministic};
+at::Tensor or_undefined(const std::optional<at::Tensor>& t) { return t ? *t : at::Tensor(); }
+
+Call make_call(const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
+               std::int64_t max_seqlen_q, std::int64_t max_seqlen_k, const std::optional<at::Tensor>& alibi_slopes,
+               const std::optional<at::Tensor>& sinks, std::optional<double> softmax_scale, bool causal,
+               std::int64_t window_left, std::int64_t window_right, double softcap, std::string backend,
+               bool strict, bool deterministic) {
+  Call c;
+  c.cu_seqlens_q = or_undefined(cu_seqlens_q);
+  c.cu_seqlens_k = or_undefined(cu_seqlens_k);
+  c.alibi_slopes = or_undefined(alibi_slopes);
+  c.sinks = or_undefined(sinks);
+  c.max_seqlen_q = max_seqlen_q;
+  c.max_seqlen_k = max_seqlen_k;
+  c.softmax_scale = softmax_scale;
+  c.causal = causal;
+  c.window_left = window_left;
+  c.window_right = window_right;
+  c.softcap = softcap;
+  c.backend = std::move(backend);
+  c.strict = strict;
+  c.deterministic = deterministic;
+  return c;
 }
 
-std::tuple<at::Tensor, at::Tensor> attention_autograd(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& alibi,
-    const std::optional<at::Tensor>& sinks, std::optional<double> softmax_scale, bool causal,
-    std::int64_t window_left, std::int64_t window_right, double softcap, std::string backend, bool strict,
-    bool deterministic) {
-  const Call c = make_call(softmax_scale, causal, window_left, window_right, softcap, backend, strict,
-                           deterministic);
-  TensorList r = AttentionFunction::apply(q, k, v, alibi, sinks, c);
+#define FT_ATTENTION_PARAMS                                                                                    \
+  const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const std::optional<at::Tensor>&cu_seqlens_q, \
+      const std::optional<at::Tensor>&cu_seqlens_k, std::int64_t max_seqlen_q, std::int64_t max_seqlen_k,      \
+      const std::optional<at::Tensor>&alibi_slopes, const std::optional<at::Tensor>&sinks,                    \
+      std::optional<double> softmax_scale, bool causal, std::int64_t window_left, std::int64_t window_right,   \
+      double softcap, std::string backend, bool strict, bool deterministic
+#define FT_CALL_ARGS                                                                                          \
+  cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, sinks, softmax_scale, causal,         \
+      window_left, window_right, softcap, std::move(backend), strict, deterministic
+
+std::tuple<at::Tensor, at::Tensor> attention_autograd(FT_ATTENTION_PARAMS) {
+  const Call c = make_call(FT_CALL_ARGS);
+  // The optional tensors go in as optionals (autograd records an absent one as no input), and in `c` for the call.
+  TensorList r = AttentionFunction::apply(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, c);
   return {r[0], r[1]};
 }
 
 // Below autograd (inference mode, or a caller that excluded the autograd keys): the forward alone.
-std::tuple<at::Tensor, at::Tensor> attention_plain(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& alibi,
-    const std::optional<at::Tensor>& sinks, std::optional<double> softmax_scale, bool causal,
-    std::int64_t window_left, std::int64_t window_right, double softcap, std::string backend, bool strict,
-    bool deterministic) {
-  return run_forward(q, k, v, alibi, sinks,
-                     make_call(softmax_scale, causal, window_left, window_right, softcap, backend, strict,
-                               deterministic));
+std::tuple<at::Tensor, at::Tensor> attention_plain(FT_ATTENTION_PARAMS) {
+  return run_forward(q, k, v, make_call(FT_CALL_ARGS));
 }
+
+#undef FT_ATTENTION_PARAMS
+#undef FT_CALL_ARGS
 
 }  // namespace
 }  // namespace flashtile::python
@@ -268,9 +313,10 @@ std::tuple<at::Tensor, at::Tensor> attention_plain(
 TORCH_LIBRARY(flashtile_ext, m) {
   m.def("set_bridge(int address) -> ()", &flashtile::python::set_bridge);
   m.def(
-      "attention(Tensor q, Tensor k, Tensor v, Tensor? alibi_slopes, Tensor? sinks, float? softmax_scale, "
-      "bool causal, int window_left, int window_right, float softcap, str backend, bool strict, "
-      "bool deterministic) -> (Tensor, Tensor)");
+      "attention(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, "
+      "int max_seqlen_k, Tensor? alibi_slopes, Tensor? sinks, float? softmax_scale, bool causal, "
+      "int window_left, int window_right, float softcap, str backend, bool strict, bool deterministic) "
+      "-> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(flashtile_ext, Autograd, m) {

@@ -161,12 +161,18 @@ def test_backward_entry_for_tensors(rng):
 
 
 def test_opcheck(rng):
+    """torch's own checks of the custom ops (schema, fake tensors, autograd registration), plain and with the
+    variants' arguments (Call's fields follow q, k, v)."""
+    from flashtile._common import Call
     q, k, v = (randn(rng, (1, 9, 2, 16), "float32", True) for _ in range(3))
-    torch.library.opcheck(torch.ops.flashtile.fwd.default, (q, k, v, None, True, "auto", False, False))
-    out, lse = torch.ops.flashtile.fwd(q.detach(), k.detach(), v.detach(), None, True, "auto", False, False)
-    torch.library.opcheck(torch.ops.flashtile.bwd.default,
-                          (q.detach(), k.detach(), v.detach(), out, torch.randn_like(out), lse, None, True, "auto",
-                           False, False))
+    sinks = randn(rng, (2,), "float32", True)
+    alibi = torch.tensor([0.5, 0.25])
+    for call in (Call(causal=True), Call(alibi_slopes=alibi, sinks=sinks, window_left=3, window_right=1, softcap=5.0)):
+        torch.library.opcheck(torch.ops.flashtile.fwd.default, (q, k, v, *call))
+        call = call._replace(sinks=None if call.sinks is None else call.sinks.detach())  # bwd has no gradient
+        out, lse = torch.ops.flashtile.fwd(q.detach(), k.detach(), v.detach(), *call)
+        torch.library.opcheck(torch.ops.flashtile.bwd.default,
+                              (q.detach(), k.detach(), v.detach(), out, torch.randn_like(out), lse, *call))
 
 
 class TinyAttention(torch.nn.Module):
