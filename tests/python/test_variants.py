@@ -198,8 +198,10 @@ def test_compile_traces_the_variants(rng):
     def dense(q, k, v):
         return flashtile.flash_attn_func(q, k, v, causal=True, window_size=(4, -1), softcap=3.0, sinks=sinks)
 
+    cu_seqlens = cu([5, 7])
+
     def varlen(q, k, v):
-        return flashtile.flash_attn_varlen_func(q, k, v, cu([5, 7]), cu([5, 7]), 7, 7, window_size=(2, 2))
+        return flashtile.flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, 7, 7, window_size=(2, 2))
 
     for fn, shape in ((dense, (2, 9, hq, d)), (varlen, (12, hq, d))):
         x = [rand(rng, *shape).requires_grad_(True) for _ in range(3)]
