@@ -10,7 +10,8 @@
 #   FT_BUILD=build/gpu     build directory
 #   FT_PYTHON=auto         build + pip install the Python package (auto: when python/ and pyproject.toml exist)
 #   FT_PY_KERNELS          the package's kernel subset (default: FT_KERNELS); step `pytest` runs tests/python
-#   FT_STEPS="tests parity sanitize bench"   which steps to run (also: profile, breakdown, cpu)
+#   FT_STEPS="tests parity sanitize bench"   which steps to run (also: pytest, variants, profile, breakdown, cpu)
+#                          variants: bench/gpu_variants.py (FT_VARIANTS_ARGS) after the package is installed
 #                          cpu: scripts/cpu_remote.sh run (CPU tests per ISA + CPU benchmark, from binaries
 #                          carried in .carry/cpu; runs first, before the build loads the cores)
 #   FT_BREAKDOWN_CELLS     hdim:seqlen:causal list for the breakdown step (bench/gpu_profile.py --breakdown)
@@ -169,6 +170,14 @@ if has_step breakdown; then  # each call's event-timed interval split into kerne
   timeout 300 python3 bench/gpu_profile.py --lib "$CAPI" --breakdown --json "$OUT/breakdown.json" \
     ${FT_BREAKDOWN_CELLS:+--cells "$FT_BREAKDOWN_CELLS"} > "$OUT/breakdown.log" 2>&1
   note "BREAKDOWN: rc=$? ($(( $(date +%s) - t0 )) s)"; cat "$OUT/breakdown.log" | cut -c1-200 | tee -a "$SUMMARY"
+fi
+
+if has_step variants; then  # issue 12's cells against FlexAttention and SDPA flash (needs the Python package)
+  t0=$(date +%s)
+  (cd /tmp && timeout ${FT_VARIANTS_TIMEOUT:-420} python3 "$ROOT/bench/gpu_variants.py" ${FT_VARIANTS_ARGS:-} \
+    --json "$OUT/variants.json" --md "$OUT/variants.md") > "$OUT/variants.log" 2>&1
+  note "VARIANTS: rc=$? ($(( $(date +%s) - t0 )) s)"
+  [[ -f $OUT/variants.md ]] && tail -n +3 "$OUT/variants.md" | tee -a "$SUMMARY"
 fi
 
 if has_step bench; then
