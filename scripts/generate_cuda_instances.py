@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Writes the explicit instantiations of the CUDA kernels, one small file each, into src/cuda/instances/.
 
-One file per (direction, dtype, head-dim bucket, mask) so that builds parallelise and a subset can be built
+One file per (direction, dtype, head-dim bucket, variant) so that builds parallelise and a subset can be built
 (CMake option FLASHTILE_CUDA_KERNELS, see src/cuda/CMakeLists.txt). The file name encodes the instance:
-    {fwd,bwd}_{fp16,bf16}_hdim{D}_{nomask,causal}.cu
+    {fwd,bwd}_{fp16,bf16}_hdim{D}_{plain,masked,hooks}.cu
+(variants: src/cuda/common/mask.h)
 Run it after changing the buckets (keep them equal to kHdimBuckets in src/cuda/sm80/tile_table.h); the
 generated files are committed.
 """
@@ -12,7 +13,7 @@ import sys
 
 DTYPES = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t"}
 HDIMS = [32, 64, 96, 128, 160, 192, 224, 256]
-MASKS = {"nomask": "NoMask", "causal": "CausalMask"}
+MASKS = {"plain": "Plain", "masked": "Masked", "hooks": "Hooks"}
 DIRECTIONS = {
     "fwd": ("sm80/fwd_launch.h", "run_fwd", "FwdParams"),
     "bwd": ("sm80/bwd_launch.h", "run_bwd", "BwdParams"),

@@ -8,108 +8,25 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
-#include <mutex>
 #include <sstream>
 #include <vector>
 
 #include "core/backend.h"
 #include "flashtile/errors.h"
 #include "kernel_switch.h"
+#include "runtime/runtime.h"
 #include "sm80/tile_table.h"
 
 namespace flashtile::detail {
 namespace {
 
 using cuda::Elem;
+using cuda::Kind;
 namespace sm80 = cuda::sm80;
 
 constexpr const char* kName = "cuda-sm80";
 
-[[noreturn]] void fail(const char* what, cudaError_t e) {
-  std::ostringstream s;
-  s << kName << ": " << what << " failed: " << cudaGetErrorName(e) << ": " << cudaGetErrorString(e);
-  throw BackendError(s.str());
-}
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) fail(what, e);
-}
-
-struct Gpu {
-  int major = 0, minor = 0;
-  int smem_optin = 0;  // bytes of shared memory a block may opt into
-  std::string name;
-};
-
-struct Gpus {
-  cudaError_t error = cudaSuccess;
-  std::vector<Gpu> list;
-};
-
-const Gpus& gpus() {
-  static const Gpus g = [] {
-    Gpus r;
-    int n = 0;
-    r.error = cudaGetDeviceCount(&n);
-    if (r.error != cudaSuccess) {
-      (void)cudaGetLastError();
-      return r;
-    }
-    for (int i = 0; i < n; ++i) {
-      cudaDeviceProp prop{};
-      if (cudaGetDeviceProperties(&prop, i) != cudaSuccess) {
-        (void)cudaGetLastError();
-        continue;
-      }
-      r.list.push_back({prop.major, prop.minor, static_cast<int>(prop.sharedMemPerBlockOptin), prop.name});
-    }
-    return r;
-  }();
-  return g;
-}
-
-// The backward's workspace comes from one stream-ordered memory pool per device that keeps its memory between
-// calls. The device's default pool (plain cudaMallocAsync) returns freed memory to the driver at every
-// synchronisation (release threshold 0), so every call mapped its dQ accumulator afresh: on the H200 at
-// B=32 H=16 S=512 D=128 (134 MB) a call took 985 us with it and 823 us with this pool, whose kernels are the
-// same (bench/results/h200.md, breakdown). Like PyTorch's caching allocator, the pool keeps the largest
-// workspace it has served until the process ends.
-cudaMemPool_t workspace_pool(int device) {
-  static std::mutex mutex;
-  static std::vector<cudaMemPool_t> pools;
-  const std::lock_guard<std::mutex> lock(mutex);
-  if (pools.size() <= static_cast<std::size_t>(device)) pools.resize(static_cast<std::size_t>(device) + 1, nullptr);
-  cudaMemPool_t& pool = pools[static_cast<std::size_t>(device)];
-  if (pool == nullptr) {
-    cudaMemPoolProps props{};
-    props.allocType = cudaMemAllocationTypePinned;
-    props.location.type = cudaMemLocationTypeDevice;
-    props.location.id = device;
-    check(cudaMemPoolCreate(&pool, &props), "cudaMemPoolCreate (backward workspace pool)");
-    std::uint64_t keep = UINT64_MAX;
-    check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep),
-          "cudaMemPoolSetAttribute (backward workspace pool)");
-  }
-  return pool;
-}
-
-// Sets the current device for the scope of a call and restores the caller's.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int index) {
-    check(cudaGetDevice(&previous_), "cudaGetDevice");
-    switched_ = previous_ != index;
-    if (switched_) check(cudaSetDevice(index), "cudaSetDevice");
-  }
-  ~DeviceGuard() {
-    if (switched_) (void)cudaSetDevice(previous_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
-  bool switched_ = false;
-};
+void check(cudaError_t e, const char* what) { cuda::check(e, kName, what); }
 
 int bucket_of(const AttnParams& p) {
   return sm80::hdim_bucket(static_cast<int>(std::max(p.hdim, p.hdim_v)));
@@ -120,12 +37,13 @@ const char* elem_name(Elem e) { return e == Elem::fp16 ? "fp16" : "bf16"; }
 struct Operand {
   const char* name;
   const void* ptr;
-  const Strides* stride;  // null for lse (read/written one float at a time)
+  const Strides* stride;
 };
 
-// The call's device pointers, in a fixed array: can_run() walks them on every call, so no heap allocation.
+// The 16-bit operands, read and written in 16-byte vectors, in a fixed array (can_run() walks them on every
+// call, so no heap allocation).
 struct Operands {
-  std::array<Operand, 10> list{};
+  std::array<Operand, 8> list{};
   std::size_t count = 0;
   const Operand* begin() const { return list.data(); }
   const Operand* end() const { return list.data() + count; }
@@ -138,44 +56,18 @@ Operands operands(const AttnParams& p) {
   add("k", p.k, &p.k_stride);
   add("v", p.v, &p.v_stride);
   add("out", p.out, &p.out_stride);
-  add("lse", p.lse, nullptr);
   if (p.is_backward()) {
     add("dout", p.dout, &p.dout_stride);
     add("dq", p.dq, &p.dq_stride);
     add("dk", p.dk, &p.dk_stride);
     add("dv", p.dv, &p.dv_stride);
-    add("workspace", p.workspace, nullptr);
   }
   return v;
 }
 
-// Each pointer must be device memory of the tensors' device (managed memory is accepted).
-void check_pointers(const AttnParams& p, Reasons& why) {
-  for (const Operand& o : operands(p)) {
-    if (o.ptr == nullptr) continue;
-    cudaPointerAttributes a{};
-    if (cudaPointerGetAttributes(&a, o.ptr) != cudaSuccess) {
-      (void)cudaGetLastError();
-      why.push_back(std::string("device: ") + o.name + " is not CUDA memory (cudaPointerGetAttributes failed)");
-      return;
-    }
-    if (a.type == cudaMemoryTypeManaged) continue;
-    if (a.type != cudaMemoryTypeDevice) {
-      why.push_back(std::string("device: ") + o.name + " points to host memory; tensors declared cuda:" +
-                    std::to_string(p.device_index) + " must hold device pointers");
-      return;
-    }
-    if (a.device != p.device_index) {
-      why.push_back(std::string("device: ") + o.name + " is memory of cuda:" + std::to_string(a.device) +
-                    ", tensors declared cuda:" + std::to_string(p.device_index));
-      return;
-    }
-  }
-}
-
 void check_alignment(const AttnParams& p, Reasons& why) {
   for (const Operand& o : operands(p)) {
-    if (o.stride == nullptr || o.ptr == nullptr) continue;
+    if (o.ptr == nullptr) continue;
     if (reinterpret_cast<std::uintptr_t>(o.ptr) % 16 != 0)
       why.push_back(std::string("alignment: ") + o.name + " is not 16-byte aligned (cp.async and 16-byte stores)");
     const Strides& s = *o.stride;
@@ -186,6 +78,19 @@ void check_alignment(const AttnParams& p, Reasons& why) {
       why.push_back(m.str());
     }
   }
+}
+
+// The variants (issue 12) the kernels run, and what they refuse.
+void check_variants(const AttnParams& p, Reasons& why) {
+  if (p.page_table != nullptr)
+    why.push_back(std::string("paged KV (page_table): not supported by ") + kName + " (no paged kernel yet)");
+  if (p.num_splits > 1)
+    why.push_back("num_splits = " + std::to_string(p.num_splits) + ": split-KV is not supported by " + kName);
+  if (p.is_backward() && p.sinks != nullptr && p.dsinks == nullptr)
+    why.push_back("sinks: a backward with sinks needs dsinks (dL/dsinks)");
+  if (p.is_varlen() && (p.total_q > INT_MAX || p.total_k > INT_MAX))
+    why.push_back("varlen: total_q = " + std::to_string(p.total_q) + ", total_k = " + std::to_string(p.total_k) +
+                  ": must be < 2^31 (int32 cu_seqlens)");
 }
 
 class CudaSm80 final : public Backend {
@@ -199,22 +104,22 @@ class CudaSm80 final : public Backend {
                     std::to_string(p.device_index) + "; " + kName + " runs on CUDA devices");
       return why;
     }
-    const Gpus& g = gpus();
+    const cuda::Gpus& g = cuda::gpus();
     if (g.error != cudaSuccess || g.list.empty()) {
       why.push_back(std::string("no CUDA device: ") +
                     (g.error != cudaSuccess ? cudaGetErrorString(g.error) : "cudaGetDeviceCount returned 0"));
       return why;
     }
-    if (p.device_index < 0 || p.device_index >= static_cast<int>(g.list.size())) {
+    const cuda::Gpu* gpu = cuda::gpu(p.device_index);
+    if (gpu == nullptr) {
       why.push_back("device: cuda:" + std::to_string(p.device_index) + " does not exist (" +
                     std::to_string(g.list.size()) + " devices)");
       return why;
     }
-    if (!p.device_pointers_checked) check_pointers(p, why);
-    const Gpu& gpu = g.list[static_cast<std::size_t>(p.device_index)];
-    if (gpu.major < 8)
-      why.push_back("compute capability " + std::to_string(gpu.major) + "." + std::to_string(gpu.minor) + " of " +
-                    gpu.name + " < 8.0 (mma.sync m16n8k16 bf16, cp.async)");
+    if (!p.device_pointers_checked) cuda::check_device_pointers(p, why);
+    if (gpu->major < 8)
+      why.push_back("compute capability " + std::to_string(gpu->major) + "." + std::to_string(gpu->minor) + " of " +
+                    gpu->name + " < 8.0 (mma.sync m16n8k16 bf16, cp.async)");
     if (p.dtype == DType::float32)
       why.push_back("dtype float32 is not supported (float16 and bfloat16 only; cpu-flash runs float32)");
     const std::int64_t dmax = std::max(p.hdim, p.hdim_v);
@@ -230,6 +135,7 @@ class CudaSm80 final : public Backend {
                     " (dK = dV = 0): not supported by the CUDA kernels");
     if (p.seqlen_q > INT_MAX / 2 || p.seqlen_k > INT_MAX / 2 || p.batch > 65535 || p.heads_q > 65535)
       why.push_back("sizes: seqlen must be < 2^30 and batch, heads <= 65535 (grid limits)");
+    check_variants(p, why);
     check_alignment(p, why);
     const int bucket = dmax <= 256 ? bucket_of(p) : 0;
     if (bucket != 0 && p.dtype != DType::float32) {
@@ -237,9 +143,9 @@ class CudaSm80 final : public Backend {
         why.push_back(std::string("kernel not built in this build: ") + elem_name(elem_of(p.dtype)) + " hdim " +
                       std::to_string(bucket) + " (FLASHTILE_CUDA_KERNELS built: " + cuda::built_kernels() + ")");
       const int smem = p.is_backward() ? sm80::bwd_smem_bytes(bucket) : sm80::fwd_smem_bytes(bucket);
-      if (smem > gpu.smem_optin)
+      if (smem > gpu->smem_optin)
         why.push_back("shared memory: the hdim " + std::to_string(bucket) + " kernel needs " + std::to_string(smem) +
-                      " bytes per block, " + gpu.name + " allows " + std::to_string(gpu.smem_optin));
+                      " bytes per block, " + gpu->name + " allows " + std::to_string(gpu->smem_optin));
     }
     return why;
   }
@@ -247,16 +153,13 @@ class CudaSm80 final : public Backend {
   KernelInfo plan(const AttnParams& p) const override {
     const int bucket = bucket_of(p);
     const Elem e = elem_of(p.dtype);
+    const Kind kind = cuda::kind_of(p);
     KernelInfo k;
     k.backend = kName;
     k.kernel = std::string("sm80_") + (p.is_backward() ? "bwd_" : "fwd_") + elem_name(e) + "_hdim" +
-               std::to_string(bucket) + (p.causal ? "_causal" : "_nomask");
-    const Gpus& g = gpus();
-    std::string arch = "sm_80 path";
-    if (p.device_index >= 0 && p.device_index < static_cast<int>(g.list.size())) {
-      const Gpu& gpu = g.list[static_cast<std::size_t>(p.device_index)];
-      arch = "sm_" + std::to_string(gpu.major) + std::to_string(gpu.minor);
-    }
+               std::to_string(bucket) + "_" + cuda::kind_name(kind);
+    const cuda::Gpu* gpu = cuda::gpu(p.device_index);
+    const std::string arch = gpu != nullptr ? "sm_" + std::to_string(gpu->major) + std::to_string(gpu->minor) : "sm_80 path";
     k.isa = arch + " mma.sync.m16n8k16";
     std::ostringstream d;
     if (!p.is_backward()) {
@@ -278,64 +181,52 @@ class CudaSm80 final : public Backend {
         << " smem=" << sm80::bwd_smem_bytes(bucket, large) << "B dq=fp32 reductions"
         << (p.deterministic ? " (deterministic: ordered by key block)" : "");
     }
+    // The variant: which key tiles are visited (mask policy) and what happens to the scores (hook).
+    d << " variant=" << cuda::kind_name(kind) << " (tiles: "
+      << (kind == Kind::plain ? "every key tile" : "key_tiles/query_tiles of the mask policy") << ")";
     d << " dtype=" << dtype_name(p.dtype) << " accumulate=float32";
     k.detail = d.str();
     return k;
   }
 
   void run(const AttnParams& p) const override {
-    DeviceGuard guard(p.device_index);
+    cuda::DeviceGuard guard(p.device_index, kName);
     (void)cudaGetLastError();  // a stale error of an earlier, unrelated launch is not ours to report
     const int bucket = bucket_of(p);
     const Elem e = elem_of(p.dtype);
+    const Kind kind = cuda::kind_of(p);
     // The caller's stream (Options::cuda_stream); null is the legacy default stream, as PyTorch's default.
     cudaStream_t stream = static_cast<cudaStream_t>(p.cuda_stream);
     if (!p.is_backward()) {
       cuda::FwdParams f;
       fill(p, f);
-      check(cuda::launch_fwd(e, bucket, p.causal, f, stream), "forward kernel launch");
+      check(cuda::launch_fwd(e, bucket, kind, f, stream), "forward kernel launch");
       return;
     }
     const BwdPlan plan = plan_bwd(p);
     cuda::BwdParams b;
     fill(p, b);
     b.large_smem = plan.large_smem;
-    b.dout = p.dout;
-    b.dq = p.dq;
-    b.dk = p.dk;
-    b.dv = p.dv;
-    b.dout_stride = bshd(p.dout_stride);
-    b.dq_stride = bshd(p.dq_stride);
-    b.dk_stride = bshd(p.dk_stride);
-    b.dv_stride = bshd(p.dv_stride);
     b.seqlen_q_pad = plan.seqlen_q_pad;
+    b.block_m = plan.block_m;
     b.hdim_pad = bucket;
-    b.deterministic = p.deterministic;
-    // The caller's workspace (Options::workspace: nothing is allocated, so the call can be captured in a CUDA
-    // graph with memory the caller owns), else the per-device pool.
-    void* ws = p.workspace;
-    if (ws != nullptr && p.workspace_bytes < plan.bytes)
-      throw InvalidArgument("workspace: " + std::to_string(p.workspace_bytes) + " bytes given, " + kName +
-                            "'s backward needs " + std::to_string(plan.bytes) + " (backward_workspace_bytes)");
-    if (ws == nullptr && p.workspace_alloc != nullptr) {
-      ws = p.workspace_alloc(plan.bytes, p.workspace_alloc_context);
-      if (ws == nullptr || reinterpret_cast<std::uintptr_t>(ws) % 256 != 0)
-        throw InvalidArgument("workspace_alloc: returned " + std::string(ws ? "memory not 256-byte aligned" : "null") +
-                              " for " + std::to_string(plan.bytes) + " bytes");
-    }
-    const bool own = ws == nullptr;
-    if (own)
-      check(cudaMallocFromPoolAsync(&ws, plan.bytes, workspace_pool(p.device_index), stream),
-            "cudaMallocFromPoolAsync (backward workspace)");
-    char* base = static_cast<char*>(ws);
+    b.ws_batch = plan.ws_batch;
+    b.ws_head = plan.ws_head;
+    b.ws_slots = plan.slots;
+    cuda::Workspace ws(p, plan.bytes, stream, kName);
+    char* base = ws.data();
+    const std::size_t row_bytes = plan.bytes_row;
     b.dq_accum = reinterpret_cast<float*>(base);
     b.dsum = reinterpret_cast<float*>(base + plan.bytes_dq);
-    b.lse_log2 = reinterpret_cast<float*>(base + plan.bytes_dq + plan.bytes_row);
-    b.dq_semaphore = p.deterministic ? reinterpret_cast<int*>(base + plan.bytes_dq + 2 * plan.bytes_row) : nullptr;
-    const cudaError_t err = cuda::launch_bwd(e, bucket, p.causal, b, stream);
-    const cudaError_t free_err = own ? cudaFreeAsync(ws, stream) : cudaSuccess;
-    check(err, "backward kernel launch");
-    check(free_err, "cudaFreeAsync (backward workspace)");
+    b.lse_log2 = reinterpret_cast<float*>(base + plan.bytes_dq + row_bytes);
+    std::size_t at = plan.bytes_dq + 2 * row_bytes;
+    if (p.sinks != nullptr) {
+      b.sink_terms = reinterpret_cast<float*>(base + at);
+      at += row_bytes;
+    }
+    b.dq_semaphore = p.deterministic ? reinterpret_cast<int*>(base + at) : nullptr;
+    check(cuda::launch_bwd(e, bucket, kind, b, stream), "backward kernel launch");
+    ws.release();
   }
 
   std::size_t workspace_bytes(const AttnParams& p) const override {
@@ -343,11 +234,14 @@ class CudaSm80 final : public Backend {
   }
 
  private:
-  // The backward's workspace: dq_accum [B, Hq, Sq_pad, bucket] fp32, dsum and lse_log2 [B, Hq, Sq_pad], and with
-  // deterministic one counter per query block; each part 256-byte aligned.
+  // The backward's workspace (common/params.h, BwdParams): dq_accum [slots, bucket] fp32, dsum and lse_log2
+  // [slots], sink_terms [slots] with sinks, and with deterministic one counter per block of slots; each part
+  // 256-byte aligned. Slots: batch mode [B, Hq, Sq_pad]; varlen [Hq, (total_q + block_m * B) rounded down to
+  // block_m], each sequence at its block-aligned start (ws_row0).
   struct BwdPlan {
     bool large_smem = false;
-    int seqlen_q_pad = 0;
+    int seqlen_q_pad = 0, block_m = 0;
+    std::int64_t ws_batch = 0, ws_head = 0, slots = 0;
     std::size_t bytes_dq = 0, bytes_row = 0, bytes = 0;
   };
   BwdPlan plan_bwd(const AttnParams& p) const {
@@ -355,46 +249,39 @@ class CudaSm80 final : public Backend {
     BwdPlan w;
     w.large_smem = large_bwd(p, bucket);
     const sm80::BwdTile t = sm80::bwd_tile(bucket, w.large_smem);
+    w.block_m = t.block_m;
     w.seqlen_q_pad = static_cast<int>((p.seqlen_q + t.block_m - 1) / t.block_m * t.block_m);
-    const std::size_t rows = static_cast<std::size_t>(p.batch * p.heads_q) * static_cast<std::size_t>(w.seqlen_q_pad);
+    if (p.is_varlen()) {
+      w.ws_head = (p.total_q + static_cast<std::int64_t>(t.block_m) * p.batch) / t.block_m * t.block_m;
+      w.ws_batch = 0;
+      w.slots = w.ws_head * p.heads_q;
+    } else {
+      w.ws_head = w.seqlen_q_pad;
+      w.ws_batch = w.ws_head * p.heads_q;
+      w.slots = w.ws_batch * p.batch;
+    }
+    const auto slots = static_cast<std::size_t>(w.slots);
     auto round = [](std::size_t x) { return (x + 255) / 256 * 256; };
-    w.bytes_dq = round(rows * static_cast<std::size_t>(bucket) * 4);
-    w.bytes_row = round(rows * 4);
-    const std::size_t bytes_sem = p.deterministic ? round(rows / static_cast<std::size_t>(t.block_m) * 4) : 0;
-    w.bytes = w.bytes_dq + 2 * w.bytes_row + bytes_sem;
+    w.bytes_dq = round(slots * static_cast<std::size_t>(bucket) * 4);
+    w.bytes_row = round(slots * 4);
+    const std::size_t rows = p.sinks != nullptr ? 3 : 2;
+    const std::size_t bytes_sem = p.deterministic ? round(slots / static_cast<std::size_t>(t.block_m) * 4) : 0;
+    w.bytes = w.bytes_dq + rows * w.bytes_row + bytes_sem;
     return w;
   }
   // The backward's large-shared-memory tile applies when the device can give a block that much.
   bool large_bwd(const AttnParams& p, int bucket) const {
     if (!sm80::has_large_bwd_tile(bucket)) return false;
-    const Gpus& g = gpus();
-    if (p.device_index < 0 || p.device_index >= static_cast<int>(g.list.size())) return false;
-    return g.list[static_cast<std::size_t>(p.device_index)].smem_optin >= sm80::bwd_smem_bytes(bucket, true);
+    const cuda::Gpu* gpu = cuda::gpu(p.device_index);
+    return gpu != nullptr && gpu->smem_optin >= sm80::bwd_smem_bytes(bucket, true);
   }
-  static cuda::BshdStrides bshd(const Strides& s) { return {s.batch, s.row, s.head}; }
+  // The kernels get the call's AttnParams whole. The one normalisation: causal is window right = 0 (with any
+  // left), which validation already writes; repeated here so that the masked kernels never depend on it.
   static void fill(const AttnParams& p, cuda::FwdParams& f) {
-    f.q = p.q;
-    f.k = p.k;
-    f.v = p.v;
-    f.out = p.out;
-    f.lse = p.lse;
-    f.q_stride = bshd(p.q_stride);
-    f.k_stride = bshd(p.k_stride);
-    f.v_stride = bshd(p.v_stride);
-    f.out_stride = bshd(p.out_stride);
-    f.lse_batch = p.lse_stride.batch;
-    f.lse_head = p.lse_stride.head;
-    f.lse_row = p.lse_stride.row;
-    f.batch = static_cast<int>(p.batch);
-    f.seqlen_q = static_cast<int>(p.seqlen_q);
-    f.seqlen_k = static_cast<int>(p.seqlen_k);
-    f.heads_q = static_cast<int>(p.heads_q);
-    f.heads_kv = static_cast<int>(p.heads_kv);
-    f.group = static_cast<int>(p.group());
-    f.hdim = static_cast<int>(p.hdim);
-    f.hdim_v = static_cast<int>(p.hdim_v);
-    f.scale = p.softmax_scale;
+    f.a = p;
+    if (f.a.causal) f.a.window_right = 0;
     f.scale_log2 = p.softmax_scale * 1.4426950408889634f;
+    f.group = static_cast<int>(p.group());
   }
 };
 

@@ -5,6 +5,7 @@
 
 #include "flashtile_cuda_instances.h"
 #include "kernel_switch.h"
+#include "common/mask.h"
 #include "sm80/launch.h"
 
 namespace flashtile::cuda {
@@ -23,6 +24,21 @@ struct ElementOf<Elem::bf16> {
 
 }  // namespace
 
+Kind kind_of(const detail::AttnParams& p) {
+  if (p.has_score_hook()) return Kind::hooks;
+  if (p.causal || p.has_window()) return Kind::masked;
+  return Kind::plain;
+}
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::plain: return "plain";
+    case Kind::masked: return "masked";
+    case Kind::hooks: return "hooks";
+  }
+  return "?";
+}
+
 #define FT_X_BUILT(dt, d) \
   if (dtype == Elem::dt && hdim_bucket == d) return true;
 bool kernel_built(Elem dtype, int hdim_bucket) {
@@ -37,23 +53,31 @@ bool kernel_built(Elem dtype, int hdim_bucket) {
 const char* built_kernels() { return "" FT_CUDA_INSTANCES(FT_X_NAME); }
 #undef FT_X_NAME
 
-#define FT_X_FWD(dt, d)                                                                                \
-  if (dtype == Elem::dt && hdim_bucket == d) {                                                         \
-    using T = ElementOf<Elem::dt>::type;                                                               \
-    return causal ? sm80::run_fwd<T, d, CausalMask>(p, stream) : sm80::run_fwd<T, d, NoMask>(p, stream); \
+#define FT_X_FWD(dt, d)                                                         \
+  if (dtype == Elem::dt && hdim_bucket == d) {                                  \
+    using T = ElementOf<Elem::dt>::type;                                        \
+    switch (kind) {                                                             \
+      case Kind::plain: return sm80::run_fwd<T, d, Plain>(p, stream);           \
+      case Kind::masked: return sm80::run_fwd<T, d, Masked>(p, stream);         \
+      case Kind::hooks: return sm80::run_fwd<T, d, Hooks>(p, stream);           \
+    }                                                                           \
   }
-cudaError_t launch_fwd(Elem dtype, int hdim_bucket, bool causal, const FwdParams& p, cudaStream_t stream) {
+cudaError_t launch_fwd(Elem dtype, int hdim_bucket, Kind kind, const FwdParams& p, cudaStream_t stream) {
   FT_CUDA_INSTANCES(FT_X_FWD)
   return cudaErrorNotSupported;
 }
 #undef FT_X_FWD
 
-#define FT_X_BWD(dt, d)                                                                                \
-  if (dtype == Elem::dt && hdim_bucket == d) {                                                         \
-    using T = ElementOf<Elem::dt>::type;                                                               \
-    return causal ? sm80::run_bwd<T, d, CausalMask>(p, stream) : sm80::run_bwd<T, d, NoMask>(p, stream); \
+#define FT_X_BWD(dt, d)                                                         \
+  if (dtype == Elem::dt && hdim_bucket == d) {                                  \
+    using T = ElementOf<Elem::dt>::type;                                        \
+    switch (kind) {                                                             \
+      case Kind::plain: return sm80::run_bwd<T, d, Plain>(p, stream);           \
+      case Kind::masked: return sm80::run_bwd<T, d, Masked>(p, stream);         \
+      case Kind::hooks: return sm80::run_bwd<T, d, Hooks>(p, stream);           \
+    }                                                                           \
   }
-cudaError_t launch_bwd(Elem dtype, int hdim_bucket, bool causal, const BwdParams& p, cudaStream_t stream) {
+cudaError_t launch_bwd(Elem dtype, int hdim_bucket, Kind kind, const BwdParams& p, cudaStream_t stream) {
   FT_CUDA_INSTANCES(FT_X_BWD)
   return cudaErrorNotSupported;
 }

@@ -1,4 +1,4 @@
-// The runtime -> template switch, in one place: (dtype, head-dim bucket, causal) -> the explicit
+// The runtime -> template switch, in one place: (dtype, head-dim bucket, variant) -> the explicit
 // instantiation in src/cuda/instances/. Host code includes this header only; the switch itself is compiled
 // by nvcc (kernel_switch.cu) against the list of instances this build compiled.
 #pragma once
@@ -11,12 +11,18 @@ namespace flashtile::cuda {
 
 enum class Elem { fp16, bf16 };
 
-// Whether FLASHTILE_CUDA_KERNELS built the kernels of this dtype and bucket (both masks, both directions).
+// The kernel variant a call needs (common/mask.h): plain (no mask policy, no hook), masked (causal or window),
+// hooks (softcap or ALiBi, with or without a mask).
+enum class Kind { plain, masked, hooks };
+Kind kind_of(const detail::AttnParams& p);
+const char* kind_name(Kind k);
+
+// Whether FLASHTILE_CUDA_KERNELS built the kernels of this dtype and bucket (every variant, both directions).
 bool kernel_built(Elem dtype, int hdim_bucket);
 // The list of built (dtype, bucket) pairs, e.g. "bf16:128 fp16:64", for messages.
 const char* built_kernels();
 
-cudaError_t launch_fwd(Elem dtype, int hdim_bucket, bool causal, const FwdParams& p, cudaStream_t stream);
-cudaError_t launch_bwd(Elem dtype, int hdim_bucket, bool causal, const BwdParams& p, cudaStream_t stream);
+cudaError_t launch_fwd(Elem dtype, int hdim_bucket, Kind kind, const FwdParams& p, cudaStream_t stream);
+cudaError_t launch_bwd(Elem dtype, int hdim_bucket, Kind kind, const BwdParams& p, cudaStream_t stream);
 
 }  // namespace flashtile::cuda

@@ -1,72 +1,108 @@
-// Mask policies. A policy answers three questions for the mainloops: which key blocks a query block
-// visits (trip counts), whether one (query block, key block) tile needs element masking at all, and how to
-// mask an accumulator tile. Causal is bottom-right aligned: query i sees keys j <= i + Sk - Sq.
-// Both policies also mask keys >= Sk (the zero-filled tail of the last key block).
+// What the CUDA kernels do with core/mask.h's MaskPolicy and core/score.h's ScoreHook (the rules themselves
+// live there, once, for every backend): the kernel variants, and the element-wise application of the mask and
+// of the score hook to an accumulator tile in (row, col) view.
+//
+// Variants (one explicit instantiation each, src/cuda/instances/):
+//   Plain  - no window or causal mask, no hook: trip count = every key tile, only the sequence's key tail is
+//            masked; the unmasked mainloop steps carry no mask or hook code (today's kernels' speed);
+//   Masked - the policy is runtime data (causal = window right 0, any window, either side): trip counts from
+//            key_tiles / query_tiles, tile() decides which tiles need element masking;
+//   Hooks  - Masked plus the score hook (softcap, ALiBi). Calls with a hook and no mask run it too (the policy
+//            of an unbounded window masks only the key tail).
 #pragma once
 
 #include <cute/tensor.hpp>
 
+#include "core/mask.h"
+#include "core/score.h"
+
 namespace flashtile::cuda {
 
-struct NoMask {
-  static constexpr bool kCausal = false;
+template <bool kMasked_, bool kHooks_>
+struct Variant {
+  static constexpr bool kMasked = kMasked_;
+  static constexpr bool kHooks = kHooks_;
 };
+using Plain = Variant<false, false>;
+using Masked = Variant<true, false>;
+using Hooks = Variant<true, true>;
 
-struct CausalMask {
-  static constexpr bool kCausal = true;
-};
-
-template <class Mask>
-struct MaskOps {
-  static constexpr bool kCausal = Mask::kCausal;
-
-  // Key blocks [0, n_block_max) hold every key visible to some row of the query block at m0.
-  CUTE_HOST_DEVICE static int n_block_max(int m0, int block_m, int block_n, int sq, int sk) {
-    int end = sk;
-    if constexpr (kCausal) {
-      const int last_row = (m0 + block_m < sq ? m0 + block_m : sq) - 1;
-      end = last_row + 1 + sk - sq;
-      end = end < sk ? end : sk;
-    }
-    return end <= 0 ? 0 : (end + block_n - 1) / block_n;
+// Keys [lo, hi) of query row `row` (index within its sequence) that the tile keeps: the policy's range when
+// masked, else every key before the sequence's end sk (the plain kernels never touch the policy, so it does
+// not occupy registers there).
+template <bool kMasked>
+CUTE_DEVICE void row_keys(const detail::MaskPolicy& pol, int sk, int row, int& lo, int& hi) {
+  if constexpr (kMasked) {
+    lo = static_cast<int>(pol.key_begin(row));
+    hi = static_cast<int>(pol.key_end(row));
+  } else {
+    lo = 0;
+    hi = sk;
   }
+}
 
-  // The first query block that sees any key of the key block at n0 (backward trip count). Consistent
-  // with n_block_max: block m visits block n iff m >= m_block_min(n).
-  CUTE_HOST_DEVICE static int m_block_min(int n0, int block_m, int sq, int sk) {
-    if constexpr (kCausal) {
-      const int x = n0 - sk + sq;  // the first row that sees key n0
-      return x > 0 ? x / block_m : 0;
-    } else {
-      return 0;
-    }
-  }
-
-  // True when some element of the tile is invisible to its row: a key beyond Sk, or (causal) above the
-  // diagonal. Uniform across the CTA, so the mainloop branches once per tile.
-  CUTE_HOST_DEVICE static bool tile_needs_mask(int m0, int n0, int block_n, int sq, int sk) {
-    if (n0 + block_n > sk) return true;
-    if constexpr (kCausal) return n0 + block_n - 1 > m0 + sk - sq;
-    return false;
-  }
-
-  // acc_rc: an accumulator in (row, col) view; coord_rc: the same view of the tile's identity tensor.
-  template <class Acc, class Coord>
-  CUTE_DEVICE static void apply(Acc& acc_rc, Coord const& coord_rc, int m0, int n0, int sq, int sk) {
+// Sets the elements of a tile (rows from m0, keys from n0) that row_keys() excludes to `value` (-inf before
+// the softmax; 0 for P and dS after it). acc_rc and coord_rc: the accumulator and its identity tensor in
+// (row, col) view.
+template <bool kMasked, class Acc, class Coord>
+CUTE_DEVICE void mask_tile(Acc& acc_rc, Coord const& coord_rc, int m0, int n0, const detail::MaskPolicy& pol,
+                           int sk, float value) {
+  CUTE_UNROLL
+  for (int mi = 0; mi < cute::size<0>(acc_rc); ++mi) {
+    int lo, hi;
+    row_keys<kMasked>(pol, sk, m0 + cute::get<0>(coord_rc(mi, 0)), lo, hi);
     CUTE_UNROLL
-    for (int mi = 0; mi < cute::size<0>(acc_rc); ++mi) {
-      const int row = m0 + cute::get<0>(coord_rc(mi, 0));
-      int limit = sk;
-      if constexpr (kCausal) {
-        const int c = row + 1 + sk - sq;
-        limit = c < sk ? c : sk;
-      }
-      CUTE_UNROLL
-      for (int ni = 0; ni < cute::size<1>(acc_rc); ++ni) {
-        if (n0 + cute::get<1>(coord_rc(mi, ni)) >= limit) acc_rc(mi, ni) = -INFINITY;
-      }
+    for (int ni = 0; ni < cute::size<1>(acc_rc); ++ni) {
+      const int col = n0 + cute::get<1>(coord_rc(mi, ni));
+      if (col < lo || col >= hi) acc_rc(mi, ni) = value;
     }
   }
+}
+
+// The score hook, exactly ScoreHook::operator() of core/score.h with its constants folded: 1 / softcap as a
+// multiplication, the ALiBi distance |i + Sk - Sq - j| in int32 (|distance| < 2^30 by can_run; exact in float
+// below 2^24, as the float conversion in ScoreHook). dscore receives d s / d (scale q·k) = 1 - tanh² (1
+// without softcap): the backward multiplies dS by it and applies softmax_scale to dQ and dK at the end, as the
+// plain kernels do.
+struct TileHook {
+  float scale = 1.f, cap = 0.f, inv_cap = 0.f, slope = 0.f;
+  int shift = 0;
+
+  CUTE_DEVICE static TileHook make(const detail::ScoreHook& h) {
+    TileHook t;
+    t.scale = h.scale;
+    t.cap = h.softcap;
+    t.inv_cap = h.softcap > 0.f ? 1.f / h.softcap : 0.f;
+    t.slope = h.slope;
+    t.shift = static_cast<int>(h.shift);
+    return t;
+  }
+  // raw = q_i·k_j; diag = i + Sk - Sq (the row's diagonal key), col = j.
+  CUTE_DEVICE float operator()(float raw, int diag, int col, float& dscore) const {
+    float s = raw * scale;
+    dscore = 1.f;
+    if (cap > 0.f) {
+      const float t = tanhf(s * inv_cap);
+      s = cap * t;
+      dscore = 1.f - t * t;
+    }
+    if (slope != 0.f) s -= slope * fabsf(static_cast<float>(diag - col));
+    return s;
+  }
 };
+
+// The hook on a tile of raw scores (rows from m0, keys from n0), in place (forward).
+template <class Acc, class Coord>
+CUTE_DEVICE void apply_hook(Acc& s_rc, Coord const& coord_rc, int m0, int n0, const TileHook& hook) {
+  CUTE_UNROLL
+  for (int mi = 0; mi < cute::size<0>(s_rc); ++mi) {
+    const int diag = m0 + cute::get<0>(coord_rc(mi, 0)) + hook.shift;
+    CUTE_UNROLL
+    for (int ni = 0; ni < cute::size<1>(s_rc); ++ni) {
+      float unused;
+      s_rc(mi, ni) = hook(s_rc(mi, ni), diag, n0 + cute::get<1>(coord_rc(mi, ni)), unused);
+    }
+  }
+}
 
 }  // namespace flashtile::cuda

@@ -1,6 +1,9 @@
 // The online softmax of the forward pass, in registers, over accumulator tiles in (row, col) view.
-// Scores stay unscaled in the accumulator; one FFMA per score applies softmax_scale * log2(e) and subtracts
-// the running max before ex2 (requires softmax_scale > 0, which can_run checks).
+// Plain and masked kernels keep the scores unscaled in the accumulator; one FFMA per score applies
+// softmax_scale * log2(e) and subtracts the running max before ex2 (requires softmax_scale > 0, which can_run
+// checks). The hook kernels hand in scores the hook already scaled: their multiplier is log2(e) and their
+// score scale 1. Attention sinks start every row at max = sink (in the accumulator's unit: sink / scale) and
+// sum = exp(sink - max) = 1, so the sink is one more term of the denominator that adds no value.
 #pragma once
 
 #include "common/cute_utils.h"
@@ -12,16 +15,22 @@ struct OnlineSoftmax {
   float row_max[kRows];
   float row_sum[kRows];  // this thread's partial sum; the quad reduction happens once, in finalize()
 
-  CUTE_DEVICE OnlineSoftmax() {
+  // sink: the head's sink logit, -inf without sinks; score_scale: the unit of the scores (see above).
+  CUTE_DEVICE OnlineSoftmax(float sink, float score_scale) {
+    // The quad's partial sums add up in finalize(): one lane carries the sink's 1.
+    const bool has_sink = sink != -INFINITY;
+    const float m0 = has_sink ? sink / score_scale : -INFINITY;
+    const float l0 = has_sink && threadIdx.x % 4 == 0 ? 1.f : 0.f;
     CUTE_UNROLL
     for (int i = 0; i < kRows; ++i) {
-      row_max[i] = -INFINITY;
-      row_sum[i] = 0.f;
+      row_max[i] = m0;
+      row_sum[i] = l0;
     }
   }
 
   // Folds one score tile into the running state: scores (rows x cols) become P = exp(scale * s - max) and
-  // the output accumulator is rescaled by exp(scale * (old max - new max)). kFirst skips the rescale.
+  // the output accumulator is rescaled by exp(scale * (old max - new max)). kFirst skips the rescale of the
+  // (still zero) output accumulator; the sum is rescaled, since a sink may have started it.
   template <bool kFirst, class S, class O>
   CUTE_DEVICE void update(S& s, O& acc_o, float scale_log2) {
     static_assert(decltype(size<0>(s))::value == kRows);
@@ -33,9 +42,9 @@ struct OnlineSoftmax {
       m = quad_max(m);
       // A row that has seen no visible key keeps max = -inf; use 0 so that -inf - max stays -inf.
       const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
+      const float alpha = ex2(row_max[mi] * scale_log2 - m_scaled);  // ex2(-inf) = 0 on the first visible tile
+      row_sum[mi] *= alpha;
       if constexpr (!kFirst) {
-        const float alpha = ex2(row_max[mi] * scale_log2 - m_scaled);  // ex2(-inf) = 0 on the first visible tile
-        row_sum[mi] *= alpha;
         CUTE_UNROLL
         for (int di = 0; di < size<1>(acc_o); ++di) acc_o(mi, di) *= alpha;
       }
@@ -51,7 +60,8 @@ struct OnlineSoftmax {
     }
   }
 
-  // O = acc / l and LSE = max * scale + ln(l); a row with no visible key gets O = 0 and LSE = -inf.
+  // O = acc / l and LSE = max * scale + ln(l); a row with no visible key gets O = 0 and LSE = -inf, or with a
+  // sink O = 0 and LSE = sink (max = sink / scale, l = 1).
   template <class O>
   CUTE_DEVICE void finalize(O& acc_o, float scale, float (&lse)[kRows]) {
     CUTE_UNROLL

@@ -1,5 +1,6 @@
-// Backward kernel of the sm80 path: one CTA per (key block, KV head, batch). It loads K_j and V_j once and
-// loops over every query block of every query head in its GQA group (so dK and dV, summed over the group,
+// Backward kernel of the sm80 path: one CTA per (key block, KV head, sequence). It loads K_j and V_j once and
+// loops over the query blocks [first, last) that see its keys (core/mask.h query_tiles: a window or causal
+// mask skips the others) of every query head in its GQA group (so dK and dV, summed over the group,
 // stay in registers and need no atomics), recomputing P from Q, K and the forward's LSE:
 //   S = Q K^T, dP = dO V^T                  (warps split query rows x keys)
 //   P = exp(scale S - LSE), dS = P (dP - D)  (registers, then 16-bit into shared memory)
@@ -9,6 +10,10 @@
 //                                             deterministic mode)
 //   dK += dS^T Q                             (after dQ, so dQ's reductions drain under this GEMM)
 // Q and dO are double-buffered when the tile table says so: block i+1 loads while block i computes.
+// Hook kernels (common/mask.h) compute P from the hooked score and multiply dS by the hook's derivative;
+// their element masking zeroes P and dS after the fact (the hook of a masked raw score is not -inf).
+// Varlen: the grid covers max_seqlen_k; a CTA beyond its sequence's key rows exits, one beyond its used keys
+// (seqused_k) writes dK = dV = 0.
 #pragma once
 
 #include "common/mask.h"
@@ -17,7 +22,8 @@
 
 namespace flashtile::cuda::sm80 {
 
-// Deterministic mode: the key blocks add into one query block's dq_accum strictly in key-block order.
+// Deterministic mode: the key blocks add into one query block's dq_accum strictly in key-block order (turn 0
+// is the first key block that visits the query block).
 CUTE_DEVICE void wait_turn(const int* counter, int turn) {
   if (threadIdx.x == 0) {
     int seen;
@@ -60,12 +66,12 @@ CUTE_DEVICE void red_add4(float* dst, float a, float b, float c, float d) {
 #endif
 }
 
-template <class Traits, class Mask>
+template <class Traits, class V>
 __global__ void __launch_bounds__(Traits::kThreads) bwd_kernel(const __grid_constant__ BwdParams p) {
   using Element = typename Traits::Element;
-  using M = MaskOps<Mask>;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kD = Traits::kHeadDim;
   constexpr int kStages = Traits::kStagesQ;
+  constexpr bool kMasked = V::kMasked, kHooks = V::kHooks;
   extern __shared__ __align__(128) char smem_raw[];
   Element* smem_k = reinterpret_cast<Element*>(smem_raw);
   Element* smem_v = smem_k + Traits::kSmemKV;
@@ -73,19 +79,42 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_kernel(const __grid_cons
   Element* smem_do = smem_q + kStages * Traits::kSmemQ;  // kStages buffers
   Element* smem_p = smem_do + kStages * Traits::kSmemQ;
   Element* smem_ds = smem_p + Traits::kSmemPdS;
+  const detail::AttnParams& a = p.a;
 
   const int tidx = threadIdx.x;
   const int n_block = blockIdx.x;
   const int b = blockIdx.z, hk = blockIdx.y;
   const int n0 = n_block * kBlockN;
-  const int m_block_min = M::m_block_min(n0, kBlockM, p.seqlen_q, p.seqlen_k);
-  const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM - m_block_min;
+  const detail::SeqInfo seq = detail::sequence(a, b);
+  const int sq = static_cast<int>(seq.seqlen_q), sk = static_cast<int>(seq.seqlen_k);
+  // Key rows this CTA owns in dK / dV: the sequence's rows (beyond seqused_k too: their gradient is 0). Asked
+  // again in the epilogue rather than kept in a register through the mainloop.
+  auto key_rows = [&]() {
+    return a.cu_seqlens_k != nullptr ? a.cu_seqlens_k[b + 1] - a.cu_seqlens_k[b] : static_cast<int>(a.seqlen_k);
+  };
+  if (n0 >= key_rows()) return;
+  const int q_row0 = static_cast<int>(seq.q_row0);  // < 2^31 (can_run)
+  const detail::MaskPolicy pol = detail::MaskPolicy::make(a, seq);
+  int m_first = 0, m_last = 0;
+  if (n0 < sk) {
+    m_last = (sq + kBlockM - 1) / kBlockM;
+    if constexpr (kMasked) {
+      const detail::Range t = pol.query_tiles(n0, min(kBlockN, sk - n0), kBlockM);
+      m_first = static_cast<int>(t.begin);
+      m_last = static_cast<int>(t.end);
+    }
+  }
+  const int m_blocks = m_last > m_first ? m_last - m_first : 0;
   const int iters = p.group * m_blocks;
+  const int hdim = static_cast<int>(a.hdim), hdim_v = static_cast<int>(a.hdim_v);
+  const bool tail_tile = n0 + kBlockN > sk;  // the tile holds the sequence's key tail: always masked
 
-  const Element* k_bh = static_cast<const Element*>(p.k) + b * p.k_stride.batch + hk * p.k_stride.head;
-  const Element* v_bh = static_cast<const Element*>(p.v) + b * p.v_stride.batch + hk * p.v_stride.head;
-  Tensor mK = make_tensor(make_gmem_ptr(k_bh), make_shape(p.seqlen_k, Int<kD>{}), make_stride(p.k_stride.row, _1{}));
-  Tensor mV = make_tensor(make_gmem_ptr(v_bh), make_shape(p.seqlen_k, Int<kD>{}), make_stride(p.v_stride.row, _1{}));
+  const Element* k_bh = static_cast<const Element*>(a.k) + b * a.k_stride.batch + seq.k_row0 * a.k_stride.row +
+                        hk * a.k_stride.head;
+  const Element* v_bh = static_cast<const Element*>(a.v) + b * a.v_stride.batch + seq.k_row0 * a.v_stride.row +
+                        hk * a.v_stride.head;
+  Tensor mK = make_tensor(make_gmem_ptr(k_bh), make_shape(sk, Int<kD>{}), make_stride(a.k_stride.row, _1{}));
+  Tensor mV = make_tensor(make_gmem_ptr(v_bh), make_shape(sk, Int<kD>{}), make_stride(a.v_stride.row, _1{}));
   Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kD>>{}, make_coord(n_block, 0));
   Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kD>>{}, make_coord(n_block, 0));
 
@@ -109,13 +138,6 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_kernel(const __grid_cons
   Tensor tKVc = gthr.partition_S(make_identity_tensor(make_shape(size<0>(sK), size<1>(sK))));
   Tensor tQc = gthr.partition_S(make_identity_tensor(make_shape(Int<kBlockM>{}, Int<kD>{})));
 
-  Element* dk_bh = static_cast<Element*>(p.dk) + b * p.dk_stride.batch + hk * p.dk_stride.head;
-  Element* dv_bh = static_cast<Element*>(p.dv) + b * p.dv_stride.batch + hk * p.dv_stride.head;
-  Tensor mdK = make_tensor(make_gmem_ptr(dk_bh), make_shape(p.seqlen_k, Int<kD>{}), make_stride(p.dk_stride.row, _1{}));
-  Tensor mdV = make_tensor(make_gmem_ptr(dv_bh), make_shape(p.seqlen_k, Int<kD>{}), make_stride(p.dv_stride.row, _1{}));
-  Tensor gdK = local_tile(mdK, Shape<Int<kBlockN>, Int<kD>>{}, make_coord(n_block, 0));
-  Tensor gdV = local_tile(mdV, Shape<Int<kBlockN>, Int<kD>>{}, make_coord(n_block, 0));
-
   typename Traits::TiledMmadKV mma_dkv;
   auto thr_dkv = mma_dkv.get_thread_slice(tidx);
   Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kD>>{});
@@ -124,31 +146,34 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_kernel(const __grid_cons
   clear(acc_dv);
 
   if (iters > 0) {
-    load_tile(gmem_copy, gthr.partition_S(gK), gthr.partition_D(sK), tKVc, p.seqlen_k - n0, p.hdim);
-    load_tile(gmem_copy, gthr.partition_S(gV), gthr.partition_D(sV), tKVc, p.seqlen_k - n0, p.hdim_v);
+    load_tile(gmem_copy, gthr.partition_S(gK), gthr.partition_D(sK), tKVc, sk - n0, hdim);
+    load_tile(gmem_copy, gthr.partition_S(gV), gthr.partition_D(sV), tKVc, sk - n0, hdim_v);
     cp_async_fence();
   }
 
-  // Iterations walk the group's heads (outer) and the query blocks from m_block_min (inner); the next
+  // Iterations walk the group's heads (outer) and the query blocks from m_first (inner); the next
   // (head, block) is carried along instead of divided out of the iteration number.
   auto advance = [&](int& h, int& mb) {
-    if (++mb == m_block_min + m_blocks) {
-      mb = m_block_min;
+    if (++mb == m_last) {
+      mb = m_first;
       ++h;
     }
   };
   auto load_q_do = [&](int h, int mb, int stage) {
-    const Element* q_bh = static_cast<const Element*>(p.q) + b * p.q_stride.batch + h * p.q_stride.head;
-    const Element* do_bh = static_cast<const Element*>(p.dout) + b * p.dout_stride.batch + h * p.dout_stride.head;
-    Tensor mQ = make_tensor(make_gmem_ptr(q_bh), make_shape(p.seqlen_q, Int<kD>{}), make_stride(p.q_stride.row, _1{}));
-    Tensor mdO = make_tensor(make_gmem_ptr(do_bh), make_shape(p.seqlen_q, Int<kD>{}), make_stride(p.dout_stride.row, _1{}));
+    const Element* q_bh = static_cast<const Element*>(a.q) + b * a.q_stride.batch +
+                          static_cast<std::int64_t>(q_row0) * a.q_stride.row + h * a.q_stride.head;
+    const Element* do_bh = static_cast<const Element*>(a.dout) + b * a.dout_stride.batch +
+                           static_cast<std::int64_t>(q_row0) * a.dout_stride.row + h * a.dout_stride.head;
+    Tensor mQ = make_tensor(make_gmem_ptr(q_bh), make_shape(sq, Int<kD>{}), make_stride(a.q_stride.row, _1{}));
+    Tensor mdO = make_tensor(make_gmem_ptr(do_bh), make_shape(sq, Int<kD>{}), make_stride(a.dout_stride.row, _1{}));
     Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kD>>{}, make_coord(mb, 0));
     Tensor gdO = local_tile(mdO, Shape<Int<kBlockM>, Int<kD>>{}, make_coord(mb, 0));
-    const int rows = p.seqlen_q - mb * kBlockM;
-    load_tile(gmem_copy, gthr.partition_S(gQ), gthr.partition_D(sQ_at(stage)), tQc, rows, p.hdim);
-    load_tile(gmem_copy, gthr.partition_S(gdO), gthr.partition_D(sdO_at(stage)), tQc, rows, p.hdim_v);
+    const int rows = sq - mb * kBlockM;
+    load_tile(gmem_copy, gthr.partition_S(gQ), gthr.partition_D(sQ_at(stage)), tQc, rows, hdim);
+    load_tile(gmem_copy, gthr.partition_S(gdO), gthr.partition_D(sdO_at(stage)), tQc, rows, hdim_v);
   };
-  int h = hk * p.group, mb = m_block_min;  // this iteration's query head and block
+  int h = hk * p.group, mb = m_first;  // this iteration's query head and block
+  const std::int64_t ws_seq = ws_row0(p, b, 0);  // workspace slot of this sequence's row 0 in head 0
   if (iters > 0) {
     load_q_do(h, mb, 0);
     cp_async_fence();
@@ -211,7 +236,7 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_kernel(const __grid_cons
     } else {
       cp_async_wait<0>();
     }
-    const long long row_base = (static_cast<long long>(b) * p.heads_q + h) * p.seqlen_q_pad + m0;
+    const std::int64_t row_base = ws_seq + h * p.ws_head + m0;  // workspace slot of row m0 (ws_row0)
     float lse2[kRows], dsum[kRows];
     CUTE_UNROLL
     for (int mi = 0; mi < kRows; ++mi) {
@@ -231,15 +256,38 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_kernel(const __grid_cons
             copy_sdp_a, copy_sdp_b, tidx);
     Tensor s_rc = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
     Tensor dp_rc = make_tensor(acc_dp.data(), acc_rowcol(acc_dp.layout()));
-    if (M::tile_needs_mask(m0, n0, kBlockN, p.seqlen_q, p.seqlen_k))
-      M::apply(s_rc, tScS_rc, m0, n0, p.seqlen_q, p.seqlen_k);
-    CUTE_UNROLL
-    for (int mi = 0; mi < kRows; ++mi) {
+    // Element masking where the tile holds the key tail or the policy says partial (uniform per CTA).
+    const bool mask_this =
+        tail_tile ||
+        (kMasked && pol.tile(m0, min(kBlockM, sq - m0), n0, kBlockN) != detail::TileMask::full);
+    if constexpr (!kHooks) {
+      if (mask_this) mask_tile<kMasked>(s_rc, tScS_rc, m0, n0, pol, sk, -INFINITY);
       CUTE_UNROLL
-      for (int ni = 0; ni < size<1>(s_rc); ++ni) {
-        const float pr = ex2(s_rc(mi, ni) * p.scale_log2 - lse2[mi]);
-        s_rc(mi, ni) = pr;
-        dp_rc(mi, ni) = pr * (dp_rc(mi, ni) - dsum[mi]);
+      for (int mi = 0; mi < kRows; ++mi) {
+        CUTE_UNROLL
+        for (int ni = 0; ni < size<1>(s_rc); ++ni) {
+          const float pr = ex2(s_rc(mi, ni) * p.scale_log2 - lse2[mi]);
+          s_rc(mi, ni) = pr;
+          dp_rc(mi, ni) = pr * (dp_rc(mi, ni) - dsum[mi]);
+        }
+      }
+    } else {
+      const TileHook hook = TileHook::make(detail::ScoreHook::make(a, seq, b, h));
+      CUTE_UNROLL
+      for (int mi = 0; mi < kRows; ++mi) {
+        const int diag = m0 + get<0>(tScS_rc(mi, 0)) + hook.shift;
+        CUTE_UNROLL
+        for (int ni = 0; ni < size<1>(s_rc); ++ni) {
+          float dscore;
+          const float s = hook(s_rc(mi, ni), diag, n0 + get<1>(tScS_rc(mi, ni)), dscore);
+          const float pr = ex2(s * 1.4426950408889634f - lse2[mi]);
+          s_rc(mi, ni) = pr;
+          dp_rc(mi, ni) = pr * (dp_rc(mi, ni) - dsum[mi]) * dscore;
+        }
+      }
+      if (mask_this) {
+        mask_tile<kMasked>(s_rc, tScS_rc, m0, n0, pol, sk, 0.f);
+        mask_tile<kMasked>(dp_rc, tScS_rc, m0, n0, pol, sk, 0.f);
       }
     }
     {
@@ -260,16 +308,18 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_kernel(const __grid_cons
 
     float* dq_blk = p.dq_accum + row_base * p.hdim_pad;
     int* counter = nullptr;
-    if (p.deterministic) {
-      counter = p.dq_semaphore + (static_cast<long long>(b) * p.heads_q + h) * (p.seqlen_q_pad / kBlockM) + mb;
-      wait_turn(counter, n_block);
+    if (a.deterministic) {
+      counter = p.dq_semaphore + row_base / kBlockM;
+      int turn = n_block;
+      if constexpr (kMasked) turn -= static_cast<int>(pol.key_tiles(m0, min(kBlockM, sq - m0), kBlockN).begin);
+      wait_turn(counter, turn);
     }
     static_assert(decltype(size(acc_dq))::value % 4 == 0);
     CUTE_UNROLL
     for (int i = 0; i < size(acc_dq); i += 4)
       red_add4(dq_blk + dq_accum_offset<Traits::kThreads>(i, tidx), acc_dq(i), acc_dq(i + 1), acc_dq(i + 2),
                acc_dq(i + 3));
-    if (p.deterministic) pass_turn(counter);
+    if (a.deterministic) pass_turn(counter);
     gemm_ss(acc_dk, tdKrdSt, tdKrQt, tdKsdSt, at_stage(tdKsQt, stage), mma_dkv,
             copy_dkv_a, copy_dkv_b, tidx);
     __syncthreads();  // P, dS and this stage's Q/dO may be overwritten from here on
@@ -283,11 +333,23 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_kernel(const __grid_cons
 
   // Epilogue: dK carries the softmax scale (dS was unscaled); K and V's buffers take the 16-bit tiles.
   CUTE_UNROLL
-  for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= p.scale;
+  // Rows from sk to k_rows (keys beyond seqused_k) hold exact zeros: their K and V rows were never loaded
+  // and their scores were masked.
+  for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= a.softmax_scale;
+  const int k_rows = key_rows();
+  const std::int64_t k_row0 = detail::sequence(a, b).k_row0;
+  Element* dk_bh = static_cast<Element*>(a.dk) + b * a.dk_stride.batch + k_row0 * a.dk_stride.row +
+                   hk * a.dk_stride.head;
+  Element* dv_bh = static_cast<Element*>(a.dv) + b * a.dv_stride.batch + k_row0 * a.dv_stride.row +
+                   hk * a.dv_stride.head;
+  Tensor mdK = make_tensor(make_gmem_ptr(dk_bh), make_shape(k_rows, Int<kD>{}), make_stride(a.dk_stride.row, _1{}));
+  Tensor mdV = make_tensor(make_gmem_ptr(dv_bh), make_shape(k_rows, Int<kD>{}), make_stride(a.dv_stride.row, _1{}));
+  Tensor gdK = local_tile(mdK, Shape<Int<kBlockN>, Int<kD>>{}, make_coord(n_block, 0));
+  Tensor gdV = local_tile(mdV, Shape<Int<kBlockN>, Int<kD>>{}, make_coord(n_block, 0));
   store_acc_tile<Element, Traits::kThreads, typename Traits::SmemLayoutKV, typename Traits::GmemCopyOut>(
-      acc_dk, mma_dkv, smem_k, gdK, p.seqlen_k - n0, p.hdim, tidx);
+      acc_dk, mma_dkv, smem_k, gdK, k_rows - n0, hdim, tidx);
   store_acc_tile<Element, Traits::kThreads, typename Traits::SmemLayoutKV, typename Traits::GmemCopyOut>(
-      acc_dv, mma_dkv, smem_v, gdV, p.seqlen_k - n0, p.hdim_v, tidx);
+      acc_dv, mma_dkv, smem_v, gdV, k_rows - n0, hdim_v, tidx);
 }
 
 }  // namespace flashtile::cuda::sm80

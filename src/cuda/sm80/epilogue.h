@@ -32,15 +32,18 @@ CUTE_DEVICE void store_acc_tile(Acc const& acc, TiledMma const& tiled_mma, Eleme
   store_tile(copy_out, tOr, tOg, tOc, max_row, max_col);
 }
 
-// A query block in which no row sees any key: O = 0 and LSE = -inf for its rows.
+// A query block in which no row sees any key: O = 0 and LSE = sink (-inf without sinks) for its rows
+// [m0, min(m0 + kBlockM, seqlen_q)). out_bh and lse_bh point at the sequence's row 0 of this head.
 template <class Element, int kBlockM, int kThreads>
-CUTE_DEVICE void write_empty_rows(FwdParams const& p, Element* out_bh, float* lse_bh, int m0, int tidx) {
-  const int rows = min(kBlockM, p.seqlen_q - m0);
-  for (int i = tidx; i < rows * p.hdim_v; i += kThreads) {
-    const int r = i / p.hdim_v, c = i % p.hdim_v;
-    out_bh[(m0 + r) * p.out_stride.row + c] = Element(0.f);
+CUTE_DEVICE void write_empty_rows(FwdParams const& p, Element* out_bh, float* lse_bh, int m0, int seqlen_q,
+                                  float sink, int tidx) {
+  const int rows = min(kBlockM, seqlen_q - m0);
+  const int hdim_v = static_cast<int>(p.a.hdim_v);
+  for (int i = tidx; i < rows * hdim_v; i += kThreads) {
+    const int r = i / hdim_v, c = i % hdim_v;
+    out_bh[(m0 + r) * p.a.out_stride.row + c] = Element(0.f);
   }
-  for (int r = tidx; r < rows; r += kThreads) lse_bh[(m0 + r) * p.lse_row] = -INFINITY;
+  for (int r = tidx; r < rows; r += kThreads) lse_bh[(m0 + r) * p.a.lse_stride.row] = sink;
 }
 
 }  // namespace flashtile::cuda::sm80
