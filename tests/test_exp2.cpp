@@ -31,3 +31,30 @@ TEST(Exp2, EdgeValues) {
 }
 
 }  // namespace
+
+// The softcap's tanh (cpu/score_row.h): within a few float ulps of tanh over the range a capped score takes,
+// including the switch between the polynomial (|x| < 0.625) and the exp2 form; the edge values exact.
+#include "cpu/score_row.h"
+
+namespace {
+
+TEST(TanhFast, RelativeErrorWithinEightUlpsAndEdgeValues) {
+  using flashtile::cpu::tanh_fast;
+  double worst = 0.0;
+  for (float x = -20.0f; x <= 20.0f; x += 0.00037f) {
+    const double want = std::tanh(static_cast<double>(x));
+    if (want == 0.0) continue;
+    worst = std::max(worst, std::abs(tanh_fast(x) - want) / std::abs(want));
+  }
+  for (float x = 1e-30f; x < 1.0f; x *= 1.37f)  // tiny arguments: tanh x = x to the last bit matters relatively
+    worst = std::max(worst, std::abs(tanh_fast(x) - std::tanh(static_cast<double>(x))) / std::tanh(static_cast<double>(x)));
+  EXPECT_LE(worst, 8.0 * std::ldexp(1.0, -24)) << "worst relative error " << worst;
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(tanh_fast(inf), 1.0f);
+  EXPECT_EQ(tanh_fast(-inf), -1.0f);
+  EXPECT_EQ(tanh_fast(0.0f), 0.0f);
+  EXPECT_EQ(tanh_fast(100.0f), 1.0f);
+  EXPECT_TRUE(std::isnan(tanh_fast(std::numeric_limits<float>::quiet_NaN())));
+}
+
+}  // namespace

@@ -120,7 +120,9 @@ TEST_P(WrongPolicy, FailsAgainstTheOracleAndTheRightOnePasses) {
   c.sq = 100;
   c.sk = 120;
   c.hq = 2;
-  c.window = {20, 5};
+  // A narrow window: the one key the wrong policy adds takes about a fifth of a row's mass, far outside the
+  // tolerance in bfloat16 too (with window 20 the backward comparison in bfloat16 passed for 1 seed in 40).
+  c.window = {3, 1};
   c.dtype = GetParam();
   VarProblem p(c, rng);
   const VarResults ref = var_oracle(p, true), standard = var_standard(p, true);

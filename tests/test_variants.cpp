@@ -270,3 +270,27 @@ TEST(VariantsReport, NamesMaskAndScoreHooks) {
 
 }  // namespace
 }  // namespace ft_test
+
+namespace ft_test {
+namespace {
+
+// dsinks is an output of every backward with sinks: written (0) even when the batch has no rows or no sequences.
+TEST(VariantsSinks, EmptyBackwardWritesZeroDsinks) {
+  for (std::int64_t b : {0, 2}) {
+    auto rng = test_rng();
+    VarCase c;
+    c.b = b;
+    c.sq = 0;
+    c.sk = 3;
+    c.hq = 3;
+    c.hkv = 1;
+    c.sinks = true;
+    VarProblem p(c, rng);
+    p.dsinks->fill(7.0);
+    p.backward();
+    for (double x : p.dsinks->to_double()) EXPECT_EQ(x, 0.0) << "B = " << b;
+  }
+}
+
+}  // namespace
+}  // namespace ft_test

@@ -99,9 +99,10 @@ struct AttnParams {
   bool has_score_hook() const noexcept { return softcap > 0.0f || alibi_slopes != nullptr; }
   std::int64_t group() const noexcept { return heads_kv > 0 ? heads_q / heads_kv : 0; }
   // No output element exists. A backward without query rows or query heads (Sq = 0 or Hq = 0) still writes
-  // dK = dV = 0 for every key of every KV head.
+  // dK = dV = 0 for every key of every KV head, and dsinks = 0 for every query head (also with B = 0).
   bool empty() const noexcept {
     const bool no_rows = batch == 0 || heads_q == 0 || seqlen_q == 0;
+    if (backward && dsinks != nullptr && heads_q > 0) return false;
     return no_rows && (!backward || batch == 0 || heads_kv == 0 || seqlen_k == 0);
   }
 };

@@ -48,7 +48,7 @@ struct FwdScratch {
   std::int64_t n_kt;  // key tiles
   std::unique_ptr<float[]> q, s, acc, pv, m, l, kt, v;  // pv: one key tile's P·V
   std::unique_ptr<int[]> lo, hi;  // visible keys [lo, hi) of each row in the current (partial) key tile
-  std::int64_t cached_b = -1, cached_hk = -1, converted = 0;  // the KV head in kt / v and its keys done
+  std::int64_t cached_b = -1, cached_hk = -1, conv_lo = 0, conv_hi = 0;  // the KV head in kt / v, its keys done
   static std::unique_ptr<float[]> zeros(std::int64_t n) {
     return std::unique_ptr<float[]>(new float[static_cast<std::size_t>(n)]());
   }
@@ -63,24 +63,30 @@ struct FwdScratch {
   float* kt_tile(std::int64_t k0) { return kt.get() + (k0 / bk) * d * bk; }
 };
 
-// Makes keys [0, k_hi) of KV head (b, hk) available in the cache; the sequence's keys start at row k_row0.
+// Makes keys [k_lo, k_hi) of KV head (b, hk) available in the cache; the sequence's keys start at row k_row0.
+// The converted keys stay one range [conv_lo, conv_hi), grown at either end: a sliding window's tiles need only
+// the keys near their diagonal (Sk = 32k, window 4k: converting from key 0 cost each task all 32k keys).
 template <class T>
 void convert_keys(const AttnParams& p, FwdScratch& w, std::int64_t b, std::int64_t k_row0, std::int64_t hk,
-                  std::int64_t k_hi) {
-  if (w.cached_b != b || w.cached_hk != hk) {
+                  std::int64_t k_lo, std::int64_t k_hi) {
+  if (k_lo >= k_hi) return;
+  if (w.cached_b != b || w.cached_hk != hk || k_hi < w.conv_lo || k_lo > w.conv_hi) {
     w.cached_b = b;
     w.cached_hk = hk;
-    w.converted = 0;
+    w.conv_lo = w.conv_hi = k_lo;
   }
-  for (std::int64_t j = w.converted; j < k_hi; ++j) {
-    const T* ks = row_ptr<T>(p.k, p.k_stride, b, k_row0 + j, hk);
-    float* kt = w.kt_tile(j) + j % w.bk;
-    for (int c = 0; c < w.d; ++c) kt[c * w.bk] = to_float(ks[c]);
-    const T* vs = row_ptr<T>(p.v, p.v_stride, b, k_row0 + j, hk);
-    float* vd = w.v.get() + j * w.ldv;
-    for (int c = 0; c < w.dv; ++c) vd[c] = to_float(vs[c]);
-  }
-  w.converted = std::max(w.converted, k_hi);
+  auto convert = [&](std::int64_t j0, std::int64_t j1) {
+    for (std::int64_t j = j0; j < j1; ++j) {
+      const T* ks = row_ptr<T>(p.k, p.k_stride, b, k_row0 + j, hk);
+      float* kt = w.kt_tile(j) + j % w.bk;
+      for (int c = 0; c < w.d; ++c) kt[c * w.bk] = to_float(ks[c]);
+      const T* vs = row_ptr<T>(p.v, p.v_stride, b, k_row0 + j, hk);
+      float* vd = w.v.get() + j * w.ldv;
+      for (int c = 0; c < w.dv; ++c) vd[c] = to_float(vs[c]);
+    }
+  };
+  if (k_lo < w.conv_lo) convert(k_lo, w.conv_lo), w.conv_lo = k_lo;
+  if (k_hi > w.conv_hi) convert(w.conv_hi, k_hi), w.conv_hi = k_hi;
 }
 
 template <class T>
@@ -101,7 +107,7 @@ void forward_tile(const AttnParams& p, FwdScratch& w, std::int64_t b, std::int64
   }
   const KeyWalk walk(head, q0, rows, bk);
 
-  convert_keys<T>(p, w, b, head.seq.k_row0, hk, walk.end);
+  convert_keys<T>(p, w, b, head.seq.k_row0, hk, walk.tiles.begin * bk, walk.end);
   for (std::int64_t kt = walk.tiles.begin; kt < walk.tiles.end; ++kt) {
     const std::int64_t k0 = kt * bk;
     const int n = walk.width(k0, bk);

@@ -10,6 +10,7 @@
 
 #include "core/score.h"
 #include "cpu/exp2.h"
+#include "cpu/simd.h"
 
 namespace flashtile::cpu {
 FT_ISA_BEGIN
@@ -24,7 +25,7 @@ inline float tanh_fast(float x) {
   p = p * z - 5.37397155531e-2f;
   p = p * z + 1.33314422036e-1f;
   p = p * z - 3.33332819422e-1f;
-  const float small = x + x * z * p;
+  const float small = (x * z) * p + x;
   const float big = 1.0f - 2.0f / (exp2_fast(2.0f * 1.4426950408889634f * a) + 1.0f);
   return a < 0.625f ? small : (x < 0.0f ? -big : big);
 }
@@ -35,14 +36,19 @@ inline void score_row(const detail::ScoreHook& hook, std::int64_t i, std::int64_
                       float* dtanh = nullptr) {
   if (hook.softcap > 0.0f) {
     const float c = hook.softcap, inv_c = 1.0f / hook.softcap;
-    if (dtanh != nullptr) {
-      for (int j = 0; j < n; ++j) {
-        const float t = tanh_fast(s[j] * inv_c);
-        s[j] = c * t;
-        dtanh[j] = 1.0f - t * t;
-      }
-    } else {
-      for (int j = 0; j < n; ++j) s[j] = c * tanh_fast(s[j] * inv_c);
+    int j = 0;
+#if FT_SIMD_WIDTH
+    const simd::V cv = simd::set1(c), icv = simd::set1(inv_c), one = simd::set1(1.0f);
+    for (; j + simd::W <= n; j += simd::W) {
+      const simd::V t = simd::tanh(simd::mul(simd::load(s + j), icv));
+      simd::store(s + j, simd::mul(cv, t));
+      if (dtanh != nullptr) simd::store(dtanh + j, simd::sub(one, simd::mul(t, t)));
+    }
+#endif
+    for (; j < n; ++j) {
+      const float t = tanh_fast(s[j] * inv_c);
+      s[j] = c * t;
+      if (dtanh != nullptr) dtanh[j] = 1.0f - t * t;
     }
   }
   if (hook.slope != 0.0f) {

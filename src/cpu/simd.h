@@ -52,6 +52,15 @@ inline V pow2i(V n) {  // 2^n for integral n in [-127, 128]
 inline V keep_nan(V r, V x) {  // r where x is a number, x (NaN) elsewhere
   return {_mm512_mask_mov_ps(r.v, _mm512_cmp_ps_mask(x.v, x.v, _CMP_UNORD_Q), x.v)};
 }
+inline V div(V a, V b) { return {_mm512_div_ps(a.v, b.v)}; }
+inline V abs(V a) { return {_mm512_abs_ps(a.v)}; }
+inline V sign_of(V mag, V x) {  // |mag| with the sign bit of x
+  const __m512i sign = _mm512_and_si512(_mm512_castps_si512(x.v), _mm512_set1_epi32(static_cast<int>(0x80000000u)));
+  return {_mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(mag.v), sign))};
+}
+inline V select_lt(V a, V b, V x, V y) {  // x where a < b, else y (a NaN: y)
+  return {_mm512_mask_mov_ps(y.v, _mm512_cmp_ps_mask(a.v, b.v, _CMP_LT_OQ), x.v)};
+}
 #elif defined(__AVX2__)
 #define FT_SIMD_WIDTH 8
 struct V {
@@ -84,6 +93,10 @@ inline V pow2i(V n) {
   return {_mm256_castsi256_ps(_mm256_slli_epi32(e, 23))};
 }
 inline V keep_nan(V r, V x) { return {_mm256_blendv_ps(r.v, x.v, _mm256_cmp_ps(x.v, x.v, _CMP_UNORD_Q))}; }
+inline V div(V a, V b) { return {_mm256_div_ps(a.v, b.v)}; }
+inline V abs(V a) { return {_mm256_andnot_ps(_mm256_set1_ps(-0.0f), a.v)}; }
+inline V sign_of(V mag, V x) { return {_mm256_or_ps(mag.v, _mm256_and_ps(_mm256_set1_ps(-0.0f), x.v))}; }
+inline V select_lt(V a, V b, V x, V y) { return {_mm256_blendv_ps(y.v, x.v, _mm256_cmp_ps(a.v, b.v, _CMP_LT_OQ))}; }
 #else
 #define FT_SIMD_WIDTH 0
 #endif
@@ -106,6 +119,21 @@ inline V exp2(V x) {
   p = fma(p, f, set1(6.931472028550421e-1f));
   p = fma(p, f, set1(1.0f));
   return keep_nan(mul(p, pow2i(n)), x);
+}
+
+// tanh, the same formulas as tanh_fast() in score_row.h (the vector form fuses the polynomial's FMAs): the odd polynomial below
+// |x| = 0.625, else 1 − 2/(e^(2|x|) + 1) with x's sign; NaN stays NaN (exp2 keeps it, the compare sends it there).
+inline V tanh(V x) {
+  const V a = abs(x), z = mul(x, x);
+  V p = set1(-5.70498872745e-3f);
+  p = fma(p, z, set1(2.06390887954e-2f));
+  p = fma(p, z, set1(-5.37397155531e-2f));
+  p = fma(p, z, set1(1.33314422036e-1f));
+  p = fma(p, z, set1(-3.33332819422e-1f));
+  const V small = fma(mul(x, z), p, x);
+  const V e = exp2(mul(a, set1(2.0f * 1.4426950408889634f)));
+  const V big = sub(set1(1.0f), div(set1(2.0f), add(e, set1(1.0f))));
+  return select_lt(a, set1(0.625f), small, keep_nan(sign_of(big, x), x));
 }
 #endif
 
