@@ -14,6 +14,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <ostream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -57,6 +58,9 @@ struct VCase {
   DType dtype = DType::bfloat16;
   std::int64_t d = 64;
 };
+
+// GoogleTest prints a parameter with this instead of its bytes.
+void PrintTo(const VCase& c, std::ostream* os) { *os << c.name; }
 
 // The variant kernel the call must run (the suffix of KernelInfo::kernel).
 const char* expected_variant(const VCase& c) {

@@ -59,6 +59,30 @@ CUTE_DEVICE void mask_tile(Acc& acc_rc, Coord const& coord_rc, int m0, int n0, c
   }
 }
 
+// This thread's rows' visible keys [lo, hi), asked from the policy once per CTA (row_keys), so that the
+// forward's masked steps do no int64 policy arithmetic in the mainloop. rows(mi): the row of accumulator row mi.
+template <int kRows>
+struct RowKeys {
+  int lo[kRows], hi[kRows];
+  template <bool kMasked, class Coord>
+  CUTE_DEVICE void init(const detail::MaskPolicy& pol, int sk, Coord const& coord_rc, int m0) {
+    CUTE_UNROLL
+    for (int mi = 0; mi < kRows; ++mi) row_keys<kMasked>(pol, sk, m0 + cute::get<0>(coord_rc(mi, 0)), lo[mi], hi[mi]);
+  }
+  // Sets the elements outside each row's range to `value` (keys from n0).
+  template <class Acc, class Coord>
+  CUTE_DEVICE void apply(Acc& acc_rc, Coord const& coord_rc, int n0, float value) const {
+    CUTE_UNROLL
+    for (int mi = 0; mi < kRows; ++mi) {
+      CUTE_UNROLL
+      for (int ni = 0; ni < cute::size<1>(acc_rc); ++ni) {
+        const int col = n0 + cute::get<1>(coord_rc(mi, ni));
+        if (col < lo[mi] || col >= hi[mi]) acc_rc(mi, ni) = value;
+      }
+    }
+  }
+};
+
 // The score hook, exactly ScoreHook::operator() of core/score.h with its constants folded: 1 / softcap as a
 // multiplication, the ALiBi distance |i + Sk - Sq - j| in int32 (|distance| < 2^30 by can_run; exact in float
 // below 2^24, as the float conversion in ScoreHook). dscore receives d s / d (scale q·k) = 1 - tanh² (1
