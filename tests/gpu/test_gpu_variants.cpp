@@ -47,6 +47,7 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 struct VCase {
   std::string name;
   std::vector<std::int64_t> lens_q, lens_k;  // per sequence; a padded batch needs equal lengths
+  std::vector<std::int64_t> used_k;          // seqused_k (keys of each sequence in use); empty = all
   bool varlen = false;                       // packed with cu_seqlens_q / cu_seqlens_k
   std::int64_t hq = 4, hkv = 2;
   bool causal = false;
@@ -83,6 +84,8 @@ struct Host {
   std::int64_t row0_k(std::int64_t b) const { return cu_k[static_cast<std::size_t>(b)]; }
   std::int64_t len_q(std::int64_t b) const { return c.lens_q[static_cast<std::size_t>(b)]; }
   std::int64_t len_k(std::int64_t b) const { return c.lens_k[static_cast<std::size_t>(b)]; }
+  // Keys of sequence b that attention sees (seqused_k); the rest of its rows get dK = dV = 0.
+  std::int64_t used_k(std::int64_t b) const { return c.used_k.empty() ? len_k(b) : c.used_k[static_cast<std::size_t>(b)]; }
   std::size_t lse_at(std::int64_t b, std::int64_t h, std::int64_t i) const {
     return static_cast<std::size_t>(c.varlen ? h * total_q + row0_q(b) + i : (b * c.hq + h) * max_q + i);
   }
@@ -164,7 +167,7 @@ Out standard_attention(const Host& p) {
   std::vector<float> S, P, dS, dsc, psink;  // one (sequence, head) at a time
   for (std::int64_t b = 0; b < p.batch; ++b)
     for (std::int64_t h = 0; h < c.hq; ++h) {
-      const std::int64_t sq = p.len_q(b), sk = p.len_k(b), hk = h / group;
+      const std::int64_t sq = p.len_q(b), sk = p.used_k(b), hk = h / group;
       auto qa = [&](std::int64_t i) { return static_cast<std::size_t>(((p.row0_q(b) + i) * c.hq + h) * D); };
       auto ka = [&](std::int64_t j) { return static_cast<std::size_t>(((p.row0_k(b) + j) * c.hkv + hk) * D); };
       const float slope = p.slope(b, h), sink = p.sink(h);
@@ -319,7 +322,7 @@ std::vector<double> widen(const std::vector<float>& x) { return {x.begin(), x.en
 
 // Every operand of one call on one device (the GPU in the case's dtype, the host in float32 for the reference).
 struct Call {
-  std::unique_ptr<Buf> q, k, v, out, lse, dout, dq, dk, dv, slopes, sinks, dsinks, cu_q, cu_k;
+  std::unique_ptr<Buf> q, k, v, out, lse, dout, dq, dk, dv, slopes, sinks, dsinks, cu_q, cu_k, used_k;
   flashtile::Options o;
 
   Call(const Host& p, flashtile::Device dev, DType t, const std::string& backend) {
@@ -362,6 +365,13 @@ struct Call {
       o.sinks = sinks->view();
       o.dsinks = dsinks->view();
     }
+    if (!c.used_k.empty()) {
+      std::vector<std::int32_t> used;
+      for (std::int64_t b = 0; b < p.batch; ++b) used.push_back(static_cast<std::int32_t>(p.used_k(b)));
+      const auto bu = int32_bytes(used);
+      used_k = std::make_unique<Buf>(dev, int32_dtype<DType>(), std::vector<std::int64_t>{p.batch}, &bu);
+      o.seqused_k = used_k->view();
+    }
     if (c.varlen) {
       const auto bq = int32_bytes(p.cu_q), bk = int32_bytes(p.cu_k);
       const DType i32 = int32_dtype<DType>();
@@ -399,7 +409,7 @@ double lse_magnitude(const Host& p) {
   for (std::int64_t b = 0; b < p.batch; ++b)
     for (std::int64_t h = 0; h < c.hq; ++h) {
       m = std::max(m, c.sinks ? std::fabs(static_cast<double>(p.sink(h))) : 0.0);
-      const std::int64_t sq = p.len_q(b), sk = p.len_k(b), hk = h / (c.hq / c.hkv);
+      const std::int64_t sq = p.len_q(b), sk = p.used_k(b), hk = h / (c.hq / c.hkv);
       for (std::int64_t i = 0; i < sq; ++i)
         for (std::int64_t j = 0; j < sk; ++j) {
           if (!visible(c, i, j, sq, sk)) continue;
@@ -538,6 +548,25 @@ std::vector<VCase> variant_cases() {
     c.softcap = 2.0f;
     add(c);
   }
+  {  // seqused_k (the KV-cache form) on a padded batch with a causal mask: keys past the used ones are ignored
+    VCase c;
+    c.name = "SequsedKCausal";
+    c.lens_q = {64, 64, 64};
+    c.lens_k = {200, 200, 200};
+    c.used_k = {150, 37, 0};
+    c.causal = true;
+    add(c);
+  }
+  {  // seqused_k with packed sequences and sinks
+    VCase c;
+    c.name = "VarlenSequsedKSinks";
+    c.lens_q = {40, 100};
+    c.lens_k = {90, 260};
+    c.used_k = {90, 130};
+    c.varlen = true;
+    c.sinks = true;
+    add(c);
+  }
   {  // everything at once
     VCase c;
     c.name = "VarlenAll";
@@ -569,7 +598,8 @@ class GpuVariants : public ::testing::TestWithParam<VCase> {};
 TEST_P(GpuVariants, MatchesReference) {
   FT_REQUIRE_GPU();
   const VCase& c = GetParam();
-  if (c.varlen && !kHasInt32<DType>) GTEST_SKIP() << "DType::int32 (cu_seqlens) is not in this build yet";
+  if ((c.varlen || !c.used_k.empty()) && !kHasInt32<DType>)
+    GTEST_SKIP() << "DType::int32 (cu_seqlens, seqused_k) is not in this build yet";
   auto rng = ft_test::test_rng();
   const Host p = make_host(c, rng);
 
