@@ -252,7 +252,7 @@ class CudaSm80 final : public Backend {
     w.block_m = t.block_m;
     w.seqlen_q_pad = static_cast<int>((p.seqlen_q + t.block_m - 1) / t.block_m * t.block_m);
     if (p.is_varlen()) {
-      w.ws_head = (p.total_q + static_cast<std::int64_t>(t.block_m) * p.batch) / t.block_m * t.block_m;
+      w.ws_head = cuda::varlen_ws_rows(p.total_q, p.batch, t.block_m);
       w.ws_batch = 0;
       w.slots = w.ws_head * p.heads_q;
     } else {

@@ -13,6 +13,7 @@
 
 #include <cute/tensor.hpp>
 
+#include "common/cute_utils.h"
 #include "core/mask.h"
 #include "core/score.h"
 
@@ -59,6 +60,30 @@ CUTE_DEVICE void mask_tile(Acc& acc_rc, Coord const& coord_rc, int m0, int n0, c
   }
 }
 
+// This thread's rows' visible keys [lo, hi), asked from the policy once per CTA (row_keys), so that the
+// forward's masked steps do no int64 policy arithmetic in the mainloop. rows(mi): the row of accumulator row mi.
+template <int kRows>
+struct RowKeys {
+  int lo[kRows], hi[kRows];
+  template <bool kMasked, class Coord>
+  CUTE_DEVICE void init(const detail::MaskPolicy& pol, int sk, Coord const& coord_rc, int m0) {
+    CUTE_UNROLL
+    for (int mi = 0; mi < kRows; ++mi) row_keys<kMasked>(pol, sk, m0 + cute::get<0>(coord_rc(mi, 0)), lo[mi], hi[mi]);
+  }
+  // Sets the elements outside each row's range to `value` (keys from n0).
+  template <class Acc, class Coord>
+  CUTE_DEVICE void apply(Acc& acc_rc, Coord const& coord_rc, int n0, float value) const {
+    CUTE_UNROLL
+    for (int mi = 0; mi < kRows; ++mi) {
+      CUTE_UNROLL
+      for (int ni = 0; ni < cute::size<1>(acc_rc); ++ni) {
+        const int col = n0 + cute::get<1>(coord_rc(mi, ni));
+        if (col < lo[mi] || col >= hi[mi]) acc_rc(mi, ni) = value;
+      }
+    }
+  }
+};
+
 // The score hook, exactly ScoreHook::operator() of core/score.h with its constants folded: 1 / softcap as a
 // multiplication, the ALiBi distance |i + Sk - Sq - j| in int32 (|distance| < 2^30 by can_run; exact in float
 // below 2^24, as the float conversion in ScoreHook). dscore receives d s / d (scale q·k) = 1 - tanh² (1
@@ -82,7 +107,10 @@ struct TileHook {
     float s = raw * scale;
     dscore = 1.f;
     if (cap > 0.f) {
-      const float t = tanhf(s * inv_cap);
+      // tanh(x) = 1 - 2 / (2^(2 x log2 e) + 1), branch-free (ex2.approx and an IEEE reciprocal: 2^(+big) = inf
+      // gives 1, 2^(-big) = 0 gives -1): absolute error about 1e-7, far below the scores' 16-bit rounding.
+      // libdevice's tanhf (a separate polynomial for small |x|) made the hdim 64 hook forward spill 756 bytes.
+      const float t = 1.f - 2.f * __frcp_rn(ex2(s * inv_cap * 2.8853900817779268f) + 1.f);
       s = cap * t;
       dscore = 1.f - t * t;
     }

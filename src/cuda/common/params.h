@@ -39,6 +39,12 @@ struct BwdParams : FwdParams {
   bool large_smem = false;  // use the tile table's large-shared-memory entry (sm80/tile_table.h)
 };
 
+// Slots per query head of the varlen layout (ws_head): every sequence b fits at ws_row0(b, h) with its rows
+// rounded up to block_m (tests/gpu/test_gpu_workspace.cpp checks it).
+FT_HOST_DEVICE std::int64_t varlen_ws_rows(std::int64_t total_q, std::int64_t batch, std::int64_t block_m) {
+  return (total_q + block_m * batch) / block_m * block_m;
+}
+
 // First workspace slot of sequence b, head h (a multiple of block_m).
 FT_HOST_DEVICE std::int64_t ws_row0(const BwdParams& p, std::int64_t b, std::int64_t h) {
   if (p.a.cu_seqlens_q != nullptr)
