@@ -78,6 +78,8 @@ def measure(fwd, inputs, dout, reps):
 
 # --- FlexAttention peers -------------------------------------------------------------------------------------
 
+_FLEX = None
+
 def flex_fn(sq, sk, causal, window, softcap, alibi, doc=None):
     """A compiled FlexAttention call on (B, S, H, D) tensors (transposed inside), or None where it has no
     equivalent (sinks). doc: [total] int32 sequence ids of a packed batch (document mask)."""
@@ -103,9 +105,17 @@ def flex_fn(sq, sk, causal, window, softcap, alibi, doc=None):
         return score
 
     needs_mask = causal or left >= 0 or right >= 0 or doc is not None
-    block_mask = create_block_mask(mask_mod, None, None, sq, sk, device="cuda") if needs_mask else None
+    # _compile: build the block mask blockwise (a packed batch of 260k tokens would otherwise materialise S).
+    block_mask = create_block_mask(mask_mod, None, None, sq, sk, device="cuda", _compile=True) if needs_mask else None
     hooked = softcap > 0 or alibi is not None
-    compiled = torch.compile(flex_attention, dynamic=False)
+    global _FLEX
+    if _FLEX is None:
+        # One compiled function for every cell; each (mask, score_mod, grad mode) is a recompile, so the limit is
+        # raised (past it torch silently runs the unfused, S-materialising implementation).
+        torch._dynamo.config.recompile_limit = 64
+        torch._dynamo.config.cache_size_limit = 64
+        _FLEX = torch.compile(flex_attention, dynamic=False)
+    compiled = _FLEX
 
     def run(q, k, v):
         out = compiled(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), score_mod=score_mod if hooked else None,
