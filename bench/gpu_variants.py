@@ -15,7 +15,7 @@ Timing: CUDA events around each call, warm-up first, median of --reps (>= 20). f
 forward 4·H·D per element, backward 2.5× that (the padded cell counts the mixed batch's useful work).
 
     python3 bench/gpu_variants.py --json out.json --md out.md
-    python3 bench/gpu_variants.py --plot out.json        (matplotlib: out.png beside it)
+    python3 bench/gpu_variants.py --plot out.md          (matplotlib: out.png beside it, from the tables)
 """
 import argparse
 import datetime
@@ -205,27 +205,40 @@ def markdown(meta, rows):
     return "\n".join(out) + "\n"
 
 
+def table_rows(text):
+    """{cell: {lib: (fwd, bwd) TFLOP/s or None}} from the Markdown rows this script writes (every table in text)."""
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 10 or cells[0] in ("cell", "") or cells[0].startswith("---"):
+            continue
+        num = lambda x: None if x == "n/a" else float(x)  # noqa: E731
+        pair = lambda i: None if num(cells[i]) is None else (num(cells[i]), num(cells[i + 1]))  # noqa: E731
+        rows[cells[0]] = {"flashtile": pair(2), "flex": pair(4), "sdpa_flash": pair(8)}
+    return rows
+
+
 def plot(path):
-    """JSON written by this script -> PNG beside it: TFLOP/s per cell, forward and backward, one bar per library."""
+    """A Markdown file holding this script's tables -> PNG beside it: TFLOP/s per cell, forward and backward, one
+    bar per library (a cell measured in several runs: the last table's row)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     with open(path) as f:
-        data = json.load(f)
-    rows, meta = data["rows"], data["meta"]
+        rows = table_rows(f.read())
     libs = [("flashtile", "FlashTile", "C0"), ("flex", "FlexAttention (compiled)", "C4"),
             ("sdpa_flash", "torch SDPA flash", "C1")]
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5), sharey=True)
     x = np.arange(len(rows))
-    for ax, (i, what, mult) in zip(axes, ((0, "forward", 1.0), (1, "backward", 2.5))):
+    for ax, (i, what) in zip(axes, ((0, "forward"), (1, "backward"))):
         for n, (key, label, colour) in enumerate(libs):
-            vals = [tflops(mult * r["work_fwd"], r[key][i]) if r.get(key) else 0.0 for r in rows]
+            vals = [r[key][i] if r[key] else 0.0 for r in rows.values()]
             ax.bar(x + (n - 1) * 0.27, vals, 0.27, label=label, color=colour)
-        ax.set_xticks(x, [r["cell"] for r in rows], rotation=35, ha="right")
+        ax.set_xticks(x, list(rows), rotation=35, ha="right")
         ax.set_title(f"{what}, TFLOP/s of visible score elements")
         ax.grid(axis="y", alpha=0.3)
     axes[0].legend()
-    fig.suptitle(f"Variants on {meta['gpu']} (torch {meta['torch']}, {meta['date']})")
+    fig.suptitle(f"Variants, {path.rsplit('/', 1)[-1]}")
     fig.tight_layout()
     out = path.rsplit(".", 1)[0] + ".png"
     fig.savefig(out, dpi=110)
