@@ -21,7 +21,6 @@ import argparse
 import datetime
 import json
 import math
-import statistics
 import sys
 
 import numpy as np
@@ -29,6 +28,9 @@ import torch
 import torch.nn.functional as F
 
 import flashtile
+
+sys.path.insert(0, __import__("os").path.dirname(__file__))
+from gpu_bench import time_ms  # noqa: E402  (CUDA events around each call, median)
 
 
 def visible_pairs(sq, sk, causal=False, window=(-1, -1)):
@@ -40,21 +42,6 @@ def visible_pairs(sq, sk, causal=False, window=(-1, -1)):
     lo = np.zeros_like(i) if left < 0 else np.clip(diag - left, 0, sk)
     hi = np.full_like(i, sk) if right < 0 else np.clip(diag + right + 1, 0, sk)
     return int(np.maximum(hi - lo, 0).sum())
-
-
-def time_ms(fn, reps, warmup=3):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 def rand(*shape, grad=True):
@@ -69,8 +56,8 @@ def measure(fwd, inputs, dout, reps):
 
     def fb():
         fwd(*inputs).backward(dout)
-    t_f = time_ms(f, reps)
-    t_fb = time_ms(fb, reps)
+    t_f = time_ms(f, reps, warmup=3)
+    t_fb = time_ms(fb, reps, warmup=3)
     for x in inputs:
         x.grad = None
     return t_f, max(t_fb - t_f, 0.0)

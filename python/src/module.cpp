@@ -178,9 +178,11 @@ int bridge_error(int code, const char* what, char* msg, std::size_t len) noexcep
   return code;
 }
 
-int bridge_forward(const TensorView* t, const Options& o, char* msg, std::size_t len) noexcept {
+// Runs `call` (the library call), turning what it throws into bridge.h's codes.
+template <class Call>
+int bridge_call(Call&& call, char* msg, std::size_t len) noexcept {
   try {
-    record(flashtile::forward(t[0], t[1], t[2], t[3], t[4], o));
+    call();
     return 0;
   } catch (const Error& e) {
     return bridge_error(1 + static_cast<int>(e.code()), e.what(), msg, len);
@@ -191,17 +193,13 @@ int bridge_forward(const TensorView* t, const Options& o, char* msg, std::size_t
   }
 }
 
+int bridge_forward(const TensorView* t, const Options& o, char* msg, std::size_t len) noexcept {
+  return bridge_call([&] { record(flashtile::forward(t[0], t[1], t[2], t[3], t[4], o)); }, msg, len);
+}
+
 int bridge_backward(const TensorView* t, const Options& o, char* msg, std::size_t len) noexcept {
-  try {
-    record(flashtile::backward(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], o));
-    return 0;
-  } catch (const Error& e) {
-    return bridge_error(1 + static_cast<int>(e.code()), e.what(), msg, len);
-  } catch (const std::exception& e) {
-    return bridge_error(kBridgeOtherError, e.what(), msg, len);
-  } catch (...) {
-    return bridge_error(kBridgeOtherError, "unknown error", msg, len);
-  }
+  return bridge_call(
+      [&] { record(flashtile::backward(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], o)); }, msg, len);
 }
 
 // The table's address, for flashtile_ext::set_bridge (an integer through torch.ops: the extension and this
