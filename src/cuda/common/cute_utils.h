@@ -18,6 +18,14 @@ CUTE_DEVICE float ex2(float x) {
   return y;
 }
 
+// 1/x on the special-function unit (rcp.approx.ftz, about 1 ulp); rcp(+inf) = +0. An IEEE reciprocal
+// (__frcp_rn) is a multi-instruction sequence with a slow path.
+CUTE_DEVICE float rcp(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // The m16n8 accumulator (4, MMA_M, MMA_N) viewed as (rows, cols) = ((2, MMA_M), (2, MMA_N)): each
 // thread holds two rows (lane/4 and lane/4 + 8) and two adjacent columns per 8-column atom.
 template <class L>

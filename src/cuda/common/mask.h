@@ -102,35 +102,48 @@ struct TileHook {
     t.shift = static_cast<int>(h.shift);
     return t;
   }
-  // raw = q_i·k_j; diag = i + Sk - Sq (the row's diagonal key), col = j.
-  CUTE_DEVICE float operator()(float raw, int diag, int col, float& dscore) const {
+  // raw = q_i·k_j; dist = i + Sk - Sq - j as a float (exact: |dist| < 2^24, the conversion ScoreHook makes).
+  CUTE_DEVICE float operator()(float raw, float dist, float& dscore) const {
     float s = raw * scale;
     dscore = 1.f;
     if (cap > 0.f) {
-      // tanh(x) = 1 - 2 / (2^(2 x log2 e) + 1), branch-free (ex2.approx and an IEEE reciprocal: 2^(+big) = inf
-      // gives 1, 2^(-big) = 0 gives -1): absolute error about 1e-7, far below the scores' 16-bit rounding.
-      // libdevice's tanhf (a separate polynomial for small |x|) made the hdim 64 hook forward spill 756 bytes.
-      const float t = 1.f - 2.f * __frcp_rn(ex2(s * inv_cap * 2.8853900817779268f) + 1.f);
+      // tanh(x) = 1 - 2 / (2^(2 x log2 e) + 1), branch-free on the special-function unit (ex2.approx and
+      // rcp.approx: 2^(+big) = inf gives 1, 2^(-big) = 0 gives -1): absolute error about 2e-7, far below the
+      // scores' 16-bit rounding. tanh.approx.f32 (one instruction) is off by up to 2^-11 relative, as much as
+      // fp16's rounding of P, so it is not used; libdevice's tanhf (a separate polynomial for small |x|) made
+      // the hdim 64 hook forward spill 756 bytes; an IEEE reciprocal (__frcp_rn) has a slow path.
+      const float t = 1.f - 2.f * rcp(ex2(s * inv_cap * 2.8853900817779268f) + 1.f);
       s = cap * t;
       dscore = 1.f - t * t;
     }
-    if (slope != 0.f) s -= slope * fabsf(static_cast<float>(diag - col));
+    if (slope != 0.f) s = fmaf(-slope, fabsf(dist), s);
     return s;
   }
 };
 
+// Calls f(mi, ni, dist) for each element of a tile in (row, col) view (rows from m0, keys from n0), with dist
+// = i + Sk - Sq - j as a float. One int-to-float conversion per row: the column offsets within a thread's
+// fragment are compile-time constants. Conversions issue at a quarter of the FMA rate or less; with one per
+// element the ALiBi forward ran at half of plain's speed on the H200.
+template <class Coord, class F>
+CUTE_DEVICE void for_each_dist(Coord const& coord_rc, int m0, int n0, int shift, F&& f) {
+  CUTE_UNROLL
+  for (int mi = 0; mi < cute::size<0>(coord_rc); ++mi) {
+    const int col0 = cute::get<1>(coord_rc(mi, 0));
+    const float base = static_cast<float>(m0 + cute::get<0>(coord_rc(mi, 0)) + shift - n0 - col0);
+    CUTE_UNROLL
+    for (int ni = 0; ni < cute::size<1>(coord_rc); ++ni)
+      f(mi, ni, base - static_cast<float>(cute::get<1>(coord_rc(mi, ni)) - col0));
+  }
+}
+
 // The hook on a tile of raw scores (rows from m0, keys from n0), in place (forward).
 template <class Acc, class Coord>
 CUTE_DEVICE void apply_hook(Acc& s_rc, Coord const& coord_rc, int m0, int n0, const TileHook& hook) {
-  CUTE_UNROLL
-  for (int mi = 0; mi < cute::size<0>(s_rc); ++mi) {
-    const int diag = m0 + cute::get<0>(coord_rc(mi, 0)) + hook.shift;
-    CUTE_UNROLL
-    for (int ni = 0; ni < cute::size<1>(s_rc); ++ni) {
-      float unused;
-      s_rc(mi, ni) = hook(s_rc(mi, ni), diag, n0 + cute::get<1>(coord_rc(mi, ni)), unused);
-    }
-  }
+  for_each_dist(coord_rc, m0, n0, hook.shift, [&](int mi, int ni, float dist) {
+    float unused;
+    s_rc(mi, ni) = hook(s_rc(mi, ni), dist, unused);
+  });
 }
 
 }  // namespace flashtile::cuda

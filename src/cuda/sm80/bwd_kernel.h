@@ -273,18 +273,13 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_kernel(const __grid_cons
       }
     } else {
       const TileHook hook = TileHook::make(detail::ScoreHook::make(a, seq, b, h));
-      CUTE_UNROLL
-      for (int mi = 0; mi < kRows; ++mi) {
-        const int diag = m0 + get<0>(tScS_rc(mi, 0)) + hook.shift;
-        CUTE_UNROLL
-        for (int ni = 0; ni < size<1>(s_rc); ++ni) {
-          float dscore;
-          const float s = hook(s_rc(mi, ni), diag, n0 + get<1>(tScS_rc(mi, ni)), dscore);
-          const float pr = ex2(s * 1.4426950408889634f - lse2[mi]);
-          s_rc(mi, ni) = pr;
-          dp_rc(mi, ni) = pr * (dp_rc(mi, ni) - dsum[mi]) * dscore;
-        }
-      }
+      for_each_dist(tScS_rc, m0, n0, hook.shift, [&](int mi, int ni, float dist) {
+        float dscore;
+        const float s = hook(s_rc(mi, ni), dist, dscore);
+        const float pr = ex2(s * 1.4426950408889634f - lse2[mi]);
+        s_rc(mi, ni) = pr;
+        dp_rc(mi, ni) = pr * (dp_rc(mi, ni) - dsum[mi]) * dscore;
+      });
       if (mask_this) {
         mask_tile<kMasked>(s_rc, tScS_rc, m0, n0, pol, sk, 0.f);
         mask_tile<kMasked>(dp_rc, tScS_rc, m0, n0, pol, sk, 0.f);
