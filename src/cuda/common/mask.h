@@ -103,10 +103,14 @@ struct TileHook {
     return t;
   }
   // raw = q_i·k_j; dist = i + Sk - Sq - j as a float (exact: |dist| < 2^24, the conversion ScoreHook makes).
-  CUTE_DEVICE float operator()(float raw, float dist, float& dscore) const {
+  // Kind: HookKind (which hooks are on, known at compile time: the callers branch once per tile with
+  // with_hook_kind, since a per-element runtime test is predicated and every call then pays for both hooks;
+  // on the H200 the sm80 kernels are instruction-issue bound) or AnyHook (both, tested at run time).
+  template <class Kind>
+  CUTE_DEVICE float apply(float raw, float dist, float& dscore) const {
     float s = raw * scale;
     dscore = 1.f;
-    if (cap > 0.f) {
+    if (Kind::kCap && (!Kind::kTest || cap > 0.f)) {
       // tanh(x) = 1 - 2 / (2^(2 x log2 e) + 1), branch-free on the special-function unit (ex2.approx and
       // rcp.approx: 2^(+big) = inf gives 1, 2^(-big) = 0 gives -1): absolute error about 2e-7, far below the
       // scores' 16-bit rounding. tanh.approx.f32 (one instruction) is off by up to 2^-11 relative, as much as
@@ -116,10 +120,29 @@ struct TileHook {
       s = cap * t;
       dscore = 1.f - t * t;
     }
-    if (slope != 0.f) s = fmaf(-slope, fabsf(dist), s);
+    if constexpr (Kind::kAlibi) s = fmaf(-slope, fabsf(dist), s);  // slope 0 adds 0
     return s;
   }
 };
+
+template <bool kCap_, bool kAlibi_>
+struct HookKind {
+  static constexpr bool kCap = kCap_, kAlibi = kAlibi_, kTest = false;
+};
+struct AnyHook {
+  static constexpr bool kCap = true, kAlibi = true, kTest = true;
+};
+
+// Calls f(kCap, kAlibi) with the hook's kind as compile-time constants (softcap only, ALiBi only, both).
+template <class F>
+CUTE_DEVICE void with_hook_kind(const TileHook& hook, F&& f) {
+  if (hook.cap > 0.f) {
+    if (hook.slope != 0.f) f(cute::true_type{}, cute::true_type{});
+    else f(cute::true_type{}, cute::false_type{});
+  } else {
+    f(cute::false_type{}, cute::true_type{});
+  }
+}
 
 // Calls f(mi, ni, dist) for each element of a tile in (row, col) view (rows from m0, keys from n0), with dist
 // = i + Sk - Sq - j as a float. One int-to-float conversion per row: the column offsets within a thread's
@@ -137,12 +160,12 @@ CUTE_DEVICE void for_each_dist(Coord const& coord_rc, int m0, int n0, int shift,
   }
 }
 
-// The hook on a tile of raw scores (rows from m0, keys from n0), in place (forward).
-template <class Acc, class Coord>
+// The hook of kind Kind (HookKind) on a tile of raw scores (rows from m0, keys from n0), in place (forward).
+template <class Kind, class Acc, class Coord>
 CUTE_DEVICE void apply_hook(Acc& s_rc, Coord const& coord_rc, int m0, int n0, const TileHook& hook) {
   for_each_dist(coord_rc, m0, n0, hook.shift, [&](int mi, int ni, float dist) {
     float unused;
-    s_rc(mi, ni) = hook(s_rc(mi, ni), dist, unused);
+    s_rc(mi, ni) = hook.template apply<Kind>(s_rc(mi, ni), dist, unused);
   });
 }
 

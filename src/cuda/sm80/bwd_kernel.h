@@ -273,12 +273,15 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_kernel(const __grid_cons
       }
     } else {
       const TileHook hook = TileHook::make(detail::ScoreHook::make(a, seq, b, h));
-      for_each_dist(tScS_rc, m0, n0, hook.shift, [&](int mi, int ni, float dist) {
-        float dscore;
-        const float s = hook(s_rc(mi, ni), dist, dscore);
-        const float pr = ex2(s * 1.4426950408889634f - lse2[mi]);
-        s_rc(mi, ni) = pr;
-        dp_rc(mi, ni) = pr * (dp_rc(mi, ni) - dsum[mi]) * dscore;
+      with_hook_kind(hook, [&](auto cap, auto alibi) {
+        for_each_dist(tScS_rc, m0, n0, hook.shift, [&](int mi, int ni, float dist) {
+          float dscore;
+          const float s = hook.template apply<HookKind<decltype(cap)::value, decltype(alibi)::value>>(
+              s_rc(mi, ni), dist, dscore);
+          const float pr = ex2(s * 1.4426950408889634f - lse2[mi]);
+          s_rc(mi, ni) = pr;
+          dp_rc(mi, ni) = pr * (dp_rc(mi, ni) - dsum[mi]) * dscore;
+        });
       });
       if (mask_this) {
         mask_tile<kMasked>(s_rc, tScS_rc, m0, n0, pol, sk, 0.f);
