@@ -23,6 +23,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 # Library key -> (label, colour, line style). FlashTile first and drawn thicker.
 STYLE = {
     "flashtile": ("FlashTile", "C0", "-"),
+    "sm90": ("FlashTile cuda-sm90", "C4", "-"),
     "flashtile_det": ("FlashTile deterministic", "C0", ":"),
     "torch_flash": ("torch SDPA, CPU flash kernel", "C1", "-"),
     "flash": ("torch SDPA flash", "C1", "-"),

@@ -94,14 +94,15 @@ CAPI=$ROOT/$BUILD/src/libflashtile_capi.so
 export FLASHTILE_CAPI=$CAPI PYTHONUNBUFFERED=1
 
 # --- GPU tests --------------------------------------------------------------------------------------------
-if has_step tests; then
-  t0=$(date +%s)
-  timeout ${FT_TEST_TIMEOUT:-300} "$TESTBIN" --gtest_brief=1 > "$OUT/tests.log" 2>&1
-  rc=$?
-  passed=$(grep -c '^\[       OK \]' "$OUT/tests.log")
-  line=$(grep -E '^\[ +(PASSED|FAILED|SKIPPED) +\]' "$OUT/tests.log" | tr '\n' ' ')
-  note "TESTS: rc=$rc $line($(( $(date +%s) - t0 )) s)"
-  grep -E '^\[  FAILED  \]' "$OUT/tests.log" | head -40 | tee -a "$SUMMARY"
+if has_step tests; then  # the whole suite once per CUDA backend (tests/gpu/device.h: FT_GPU_BACKEND)
+  for backend in ${FT_TEST_BACKENDS:-cuda-sm80 cuda-sm90}; do
+    t0=$(date +%s)
+    FT_GPU_BACKEND=$backend timeout ${FT_TEST_TIMEOUT:-300} "$TESTBIN" --gtest_brief=1 > "$OUT/tests-$backend.log" 2>&1
+    rc=$?
+    line=$(grep -E '^\[ +(PASSED|FAILED|SKIPPED) +\]' "$OUT/tests-$backend.log" | tr '\n' ' ')
+    note "TESTS $backend: rc=$rc $line($(( $(date +%s) - t0 )) s)"
+    grep -E '^\[  FAILED  \]' "$OUT/tests-$backend.log" | head -40 | tee -a "$SUMMARY"
+  done
 fi
 
 if has_step pytest; then  # the Python package's tests (CPU and CUDA tensors) against the installed package
@@ -132,6 +133,13 @@ if has_step sanitize; then
     timeout 180 compute-sanitizer --tool racecheck --error-exitcode 3 "$TESTBIN" \
       --gtest_filter='Small/*q17_k65*:Small/*q130_k130*d64*' --gtest_brief=1 >> "$OUT/sanitizer.log" 2>&1
     note "RACECHECK: rc=$? $(grep 'RACECHECK SUMMARY\|ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1) ($(( $(date +%s) - t0 )) s)"
+    # cuda-sm90's forward (its backward calls run cuda-sm80's kernels, checked above)
+    FT_GPU_BACKEND=cuda-sm90 timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 "$TESTBIN" \
+      --gtest_filter='Small/GpuForward*:GpuDispatch.*:Variants/*_d64*' --gtest_brief=1 > "$OUT/sanitizer-sm90.log" 2>&1
+    note "MEMCHECK cuda-sm90: rc=$? $(grep -m1 'ERROR SUMMARY' "$OUT/sanitizer-sm90.log") $(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$OUT/sanitizer-sm90.log" | tr '\n' ' ')"
+    FT_GPU_BACKEND=cuda-sm90 timeout 180 compute-sanitizer --tool racecheck --error-exitcode 3 "$TESTBIN" \
+      --gtest_filter='Small/GpuForward*q17_k65*:Small/GpuForward*q130_k130*d64*' --gtest_brief=1 >> "$OUT/sanitizer-sm90.log" 2>&1
+    note "RACECHECK cuda-sm90: rc=$? $(grep 'RACECHECK SUMMARY\|ERROR SUMMARY' "$OUT/sanitizer-sm90.log" | tail -1)"
   else
     note "SANITIZER: compute-sanitizer not found"
   fi

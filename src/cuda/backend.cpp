@@ -13,6 +13,7 @@
 
 #include "core/backend.h"
 #include "flashtile/errors.h"
+#include "checks.h"
 #include "kernel_switch.h"
 #include "runtime/runtime.h"
 #include "sm80/tile_table.h"
@@ -31,67 +32,8 @@ void check(cudaError_t e, const char* what) { cuda::check(e, kName, what); }
 int bucket_of(const AttnParams& p) {
   return sm80::hdim_bucket(static_cast<int>(std::max(p.hdim, p.hdim_v)));
 }
-Elem elem_of(DType t) { return t == DType::float16 ? Elem::fp16 : Elem::bf16; }
-const char* elem_name(Elem e) { return e == Elem::fp16 ? "fp16" : "bf16"; }
-
-struct Operand {
-  const char* name;
-  const void* ptr;
-  const Strides* stride;
-};
-
-// The 16-bit operands, read and written in 16-byte vectors, in a fixed array (can_run() walks them on every
-// call, so no heap allocation).
-struct Operands {
-  std::array<Operand, 8> list{};
-  std::size_t count = 0;
-  const Operand* begin() const { return list.data(); }
-  const Operand* end() const { return list.data() + count; }
-};
-
-Operands operands(const AttnParams& p) {
-  Operands v;
-  auto add = [&v](const char* name, const void* ptr, const Strides* stride) { v.list[v.count++] = {name, ptr, stride}; };
-  add("q", p.q, &p.q_stride);
-  add("k", p.k, &p.k_stride);
-  add("v", p.v, &p.v_stride);
-  add("out", p.out, &p.out_stride);
-  if (p.is_backward()) {
-    add("dout", p.dout, &p.dout_stride);
-    add("dq", p.dq, &p.dq_stride);
-    add("dk", p.dk, &p.dk_stride);
-    add("dv", p.dv, &p.dv_stride);
-  }
-  return v;
-}
-
-void check_alignment(const AttnParams& p, Reasons& why) {
-  for (const Operand& o : operands(p)) {
-    if (o.ptr == nullptr) continue;
-    if (reinterpret_cast<std::uintptr_t>(o.ptr) % 16 != 0)
-      why.push_back(std::string("alignment: ") + o.name + " is not 16-byte aligned (cp.async and 16-byte stores)");
-    const Strides& s = *o.stride;
-    if (s.batch % 8 != 0 || s.row % 8 != 0 || s.head % 8 != 0) {
-      std::ostringstream m;
-      m << "strides: " << o.name << " strides (batch, seq, head) = (" << s.batch << ", " << s.row << ", " << s.head
-        << ") must be multiples of 8 elements (16-byte rows)";
-      why.push_back(m.str());
-    }
-  }
-}
-
-// The variants (issue 12) the kernels run, and what they refuse.
-void check_variants(const AttnParams& p, Reasons& why) {
-  if (p.page_table != nullptr)
-    why.push_back(std::string("paged KV (page_table): not supported by ") + kName + " (no paged kernel yet)");
-  if (p.num_splits > 1)
-    why.push_back("num_splits = " + std::to_string(p.num_splits) + ": split-KV is not supported by " + kName);
-  if (p.is_backward() && p.sinks != nullptr && p.dsinks == nullptr)
-    why.push_back("sinks: a backward with sinks needs dsinks (dL/dsinks)");
-  if (p.is_varlen() && (p.total_q > INT_MAX || p.total_k > INT_MAX))
-    why.push_back("varlen: total_q = " + std::to_string(p.total_q) + ", total_k = " + std::to_string(p.total_k) +
-                  ": must be < 2^31 (int32 cu_seqlens)");
-}
+using cuda::elem_of;
+using cuda::elem_name;
 
 class CudaSm80 final : public Backend {
  public:
@@ -99,44 +41,12 @@ class CudaSm80 final : public Backend {
 
   Reasons can_run(const AttnParams& p) const override {
     Reasons why;
-    if (p.device != Device::cuda) {
-      why.push_back(std::string("device: tensors are on ") + std::string(device_name(p.device)) + ":" +
-                    std::to_string(p.device_index) + "; " + kName + " runs on CUDA devices");
-      return why;
-    }
-    const cuda::Gpus& g = cuda::gpus();
-    if (g.error != cudaSuccess || g.list.empty()) {
-      why.push_back(std::string("no CUDA device: ") +
-                    (g.error != cudaSuccess ? cudaGetErrorString(g.error) : "cudaGetDeviceCount returned 0"));
-      return why;
-    }
-    const cuda::Gpu* gpu = cuda::gpu(p.device_index);
-    if (gpu == nullptr) {
-      why.push_back("device: cuda:" + std::to_string(p.device_index) + " does not exist (" +
-                    std::to_string(g.list.size()) + " devices)");
-      return why;
-    }
-    if (!p.device_pointers_checked) cuda::check_device_pointers(p, why);
+    const cuda::Gpu* gpu = cuda::check_common(p, kName, why);
+    if (gpu == nullptr) return why;
     if (gpu->major < 8)
       why.push_back("compute capability " + std::to_string(gpu->major) + "." + std::to_string(gpu->minor) + " of " +
                     gpu->name + " < 8.0 (mma.sync m16n8k16 bf16, cp.async)");
-    if (p.dtype == DType::float32)
-      why.push_back("dtype float32 is not supported (float16 and bfloat16 only; cpu-flash runs float32)");
     const std::int64_t dmax = std::max(p.hdim, p.hdim_v);
-    if (p.hdim % 8 != 0 || p.hdim_v % 8 != 0)
-      why.push_back("head dim D = " + std::to_string(p.hdim) + ", Dv = " + std::to_string(p.hdim_v) +
-                    ": both must be multiples of 8 (16-byte rows)");
-    if (dmax > 256) why.push_back("head dim " + std::to_string(dmax) + " > 256 (largest bucket)");
-    if (!(p.softmax_scale > 0.f))
-      why.push_back("softmax_scale = " + std::to_string(p.softmax_scale) +
-                    " <= 0 is not supported (the online softmax folds the scale into the running max)");
-    if (p.is_backward() && p.heads_q == 0 && p.heads_kv > 0)
-      why.push_back("backward with Hq = 0 query heads and Hkv = " + std::to_string(p.heads_kv) +
-                    " (dK = dV = 0): not supported by the CUDA kernels");
-    if (p.seqlen_q > INT_MAX / 2 || p.seqlen_k > INT_MAX / 2 || p.batch > 65535 || p.heads_q > 65535)
-      why.push_back("sizes: seqlen must be < 2^30 and batch, heads <= 65535 (grid limits)");
-    check_variants(p, why);
-    check_alignment(p, why);
     const int bucket = dmax <= 256 ? bucket_of(p) : 0;
     if (bucket != 0 && p.dtype != DType::float32) {
       if (!cuda::kernel_built(elem_of(p.dtype), bucket))
@@ -287,7 +197,11 @@ class CudaSm80 final : public Backend {
 
 }  // namespace
 
+void register_cuda_sm90_backend(std::vector<std::unique_ptr<Backend>>& out);  // backend_sm90.cpp
+
+// cuda-sm90 first: auto takes the first backend that can run a call.
 void register_cuda_backends(std::vector<std::unique_ptr<Backend>>& out) {
+  register_cuda_sm90_backend(out);
   out.push_back(std::make_unique<CudaSm80>());
 }
 

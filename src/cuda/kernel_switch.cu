@@ -7,6 +7,7 @@
 #include "kernel_switch.h"
 #include "common/mask.h"
 #include "sm80/launch.h"
+#include "sm90/launch.h"
 
 namespace flashtile::cuda {
 namespace {
@@ -82,5 +83,32 @@ cudaError_t launch_bwd(Elem dtype, int hdim_bucket, Kind kind, const BwdParams& 
   return cudaErrorNotSupported;
 }
 #undef FT_X_BWD
+
+#define FT_X_BUILT(dt, d) \
+  if (dtype == Elem::dt && hdim_bucket == d) return true;
+bool sm90_kernel_built(Elem dtype, int hdim_bucket) {
+  FT_CUDA_SM90_INSTANCES(FT_X_BUILT)
+  return false;
+}
+#undef FT_X_BUILT
+
+#define FT_X_NAME(dt, d) #dt ":" #d " "
+const char* sm90_built_kernels() { return "" FT_CUDA_SM90_INSTANCES(FT_X_NAME); }
+#undef FT_X_NAME
+
+#define FT_X_FWD(dt, d)                                                         \
+  if (dtype == Elem::dt && hdim_bucket == d) {                                  \
+    using T = ElementOf<Elem::dt>::type;                                        \
+    switch (kind) {                                                             \
+      case Kind::plain: return sm90::run_fwd<T, d, Plain>(p, stream);           \
+      case Kind::masked: return sm90::run_fwd<T, d, Masked>(p, stream);         \
+      case Kind::hooks: return sm90::run_fwd<T, d, Hooks>(p, stream);           \
+    }                                                                           \
+  }
+cudaError_t launch_fwd_sm90(Elem dtype, int hdim_bucket, Kind kind, const FwdParams& p, cudaStream_t stream) {
+  FT_CUDA_SM90_INSTANCES(FT_X_FWD)
+  return cudaErrorNotSupported;
+}
+#undef FT_X_FWD
 
 }  // namespace flashtile::cuda

@@ -1,6 +1,6 @@
 // The runtime -> template switch, in one place: (dtype, head-dim bucket, variant) -> the explicit
-// instantiation in src/cuda/instances/. Host code includes this header only; the switch itself is compiled
-// by nvcc (kernel_switch.cu) against the list of instances this build compiled.
+// instantiation in src/cuda/instances/ (cuda-sm80 and cuda-sm90). Host code includes this header only; the
+// switch itself is compiled by nvcc (kernel_switch.cu) against the list of instances this build compiled.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -10,6 +10,9 @@
 namespace flashtile::cuda {
 
 enum class Elem { fp16, bf16 };
+// The kernels' element type of a 16-bit call.
+inline Elem elem_of(DType t) { return t == DType::float16 ? Elem::fp16 : Elem::bf16; }
+inline const char* elem_name(Elem e) { return e == Elem::fp16 ? "fp16" : "bf16"; }
 
 // The kernel variant a call needs (common/mask.h): plain (no mask policy, no hook), masked (causal or window),
 // hooks (softcap or ALiBi, with or without a mask).
@@ -24,5 +27,10 @@ const char* built_kernels();
 
 cudaError_t launch_fwd(Elem dtype, int hdim_bucket, Kind kind, const FwdParams& p, cudaStream_t stream);
 cudaError_t launch_bwd(Elem dtype, int hdim_bucket, Kind kind, const BwdParams& p, cudaStream_t stream);
+
+// The cuda-sm90 kernels (built when FLASHTILE_CUDA_SM90 is on): the same questions for sm90's buckets.
+bool sm90_kernel_built(Elem dtype, int hdim_bucket);
+const char* sm90_built_kernels();
+cudaError_t launch_fwd_sm90(Elem dtype, int hdim_bucket, Kind kind, const FwdParams& p, cudaStream_t stream);
 
 }  // namespace flashtile::cuda

@@ -1,6 +1,9 @@
 // Device copies of the tests' host tensors (same strides, NaN padding included), and the GPU skip rule.
 #pragma once
 
+#include <cstdlib>
+#include <string>
+
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -92,13 +95,32 @@ struct DevProblem {
   }
 };
 
-// Options for the CUDA backend, strict so a refusal is an error, not a silent CPU fallback.
+// The CUDA backend under test: $FT_GPU_BACKEND, cuda-sm80 by default (scripts/gpu_check.sh runs the suite
+// once per backend).
+inline std::string gpu_backend() {
+  const char* e = std::getenv("FT_GPU_BACKEND");
+  return e != nullptr && *e != '\0' ? e : "cuda-sm80";
+}
+// The backend a backward under test runs on: cuda-sm90 has no backward kernel yet, so cuda-sm80 runs it.
+inline std::string gpu_backend_bwd() {
+  const std::string b = gpu_backend();
+  return b == "cuda-sm90" ? "cuda-sm80" : b;
+}
+
+// Options for the CUDA backend under test, strict so a refusal is an error, not a silent CPU fallback.
 inline flashtile::Options cuda_options(const ft_test::Case& c, bool deterministic = false) {
   flashtile::Options o;
   o.causal = c.causal;
-  o.backend = "cuda-sm80";
+  o.backend = gpu_backend();
   o.strict = true;
   o.deterministic = deterministic;
+  return o;
+}
+
+// The same for a backward call.
+inline flashtile::Options cuda_options_bwd(const ft_test::Case& c, bool deterministic = false) {
+  flashtile::Options o = cuda_options(c, deterministic);
+  o.backend = gpu_backend_bwd();
   return o;
 }
 
@@ -108,7 +130,7 @@ inline std::string refusal(const DevProblem& d, const ft_test::Case& c) {
   try {
     const auto r =
         flashtile::explain_forward(d.q.view(), d.k.view(), d.v.view(), d.out.view(), d.lse.view(), cuda_options(c));
-    return r.ran.backend == "cuda-sm80" ? std::string() : r.to_string();
+    return r.ran.backend == gpu_backend() ? std::string() : r.to_string();
   } catch (const flashtile::Error& e) {
     return e.what();
   }

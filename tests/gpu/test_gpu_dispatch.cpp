@@ -1,4 +1,4 @@
-// Dispatch around the CUDA backend: auto picks cuda-sm80 for device tensors and reports the instantiation;
+// Dispatch around the CUDA backends: auto picks cuda-sm90 on Hopper, else cuda-sm80, for device tensors and reports the instantiation;
 // refusals carry reasons; host pointers given to the CUDA backend and device pointers given to the CPU
 // backends are errors, not crashes; rows that see no key give O = 0 and LSE = -inf.
 #include <gtest/gtest.h>
@@ -36,8 +36,9 @@ std::string error_of(const std::function<void()>& f) {
 
 TEST(GpuDispatch, RegisteredFirst) {
   const auto names = flashtile::backend_names();
-  ASSERT_FALSE(names.empty());
-  EXPECT_EQ(names.front(), "cuda-sm80");
+  ASSERT_GE(names.size(), 2u);
+  EXPECT_EQ(names[0], "cuda-sm90");  // auto takes the first that can run a call: Hopper's kernels first
+  EXPECT_EQ(names[1], "cuda-sm80");
 }
 
 TEST(GpuDispatch, AutoPicksCudaAndReportsTiles) {
@@ -49,7 +50,13 @@ TEST(GpuDispatch, AutoPicksCudaAndReportsTiles) {
   flashtile::Options o;
   const auto r = flashtile::forward(d.q.view(), d.k.view(), d.v.view(), d.out.view(), d.lse.view(), o);
   FT_CUDA_OK(cudaDeviceSynchronize());
-  EXPECT_EQ(r.ran.backend, "cuda-sm80");
+  // On compute capability 9.0 with the sm90 kernels built, cuda-sm90; else cuda-sm80, with sm90's reason.
+  int dev = 0, major = 0, minor = 0;
+  FT_CUDA_OK(cudaGetDevice(&dev));
+  FT_CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  FT_CUDA_OK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  const bool sm90_built = r.to_string().find("cuda-sm90 built:") == std::string::npos;  // no "not built" reason
+  EXPECT_EQ(r.ran.backend, major == 9 && minor == 0 && sm90_built ? "cuda-sm90" : "cuda-sm80") << r.to_string();
   EXPECT_GT(r.ran.block_q, 0);
   EXPECT_GT(r.ran.block_k, 0);
   EXPECT_GT(r.ran.threads, 0);

@@ -71,13 +71,12 @@ std::vector<double> batch_of(const std::vector<double>& x, std::int64_t batches,
   return {x.begin() + b * n, x.begin() + (b + 1) * n};
 }
 
-// Forward and backward of p on the GPU (strict cuda-sm80); results in logical order.
+// Forward and backward of p on the GPU (strict, the backend under test); results in logical order.
 ft_test::Results run_gpu(ft_test::Problem& p) {
   DevProblem d(p);
-  const flashtile::Options o = cuda_options(p.c);
-  flashtile::forward(d.q.view(), d.k.view(), d.v.view(), d.out.view(), d.lse.view(), o);
+  flashtile::forward(d.q.view(), d.k.view(), d.v.view(), d.out.view(), d.lse.view(), cuda_options(p.c));
   flashtile::backward(d.q.view(), d.k.view(), d.v.view(), d.out.view(), d.dout.view(), d.lse.view(), d.dq.view(),
-                      d.dk.view(), d.dv.view(), o);
+                      d.dk.view(), d.dv.view(), cuda_options_bwd(p.c));
   if (cudaDeviceSynchronize() != cudaSuccess) throw std::runtime_error("cudaDeviceSynchronize failed");
   d.out.download(p.out);
   d.lse.download(p.lse);

@@ -1,4 +1,4 @@
-// cuda-sm80 forward and backward against the float64 oracle over the CPU tests' shape sweep (fp16 and bf16;
+// The CUDA backend under test (device.h: gpu_backend()) forward and backward against the float64 oracle over the CPU tests' shape sweep (fp16 and bf16;
 // the sweep's float32 cases run as fp16/bf16 here), with the same tolerance rule: twice the error of
 // standard attention in the same precision. Inputs are fresh random data per run; every output starts as NaN.
 #include <gtest/gtest.h>
@@ -55,7 +55,7 @@ TEST_P(GpuForward, MatchesReference) {
   const auto report = flashtile::forward(d.q.view(), d.k.view(), d.v.view(), d.out.view(), d.lse.view(),
                                          cuda_options(p.c));
   FT_CUDA_OK(cudaDeviceSynchronize());
-  EXPECT_EQ(report.ran.backend, "cuda-sm80");
+  EXPECT_EQ(report.ran.backend, gpu_backend());
   d.out.download(p.out);
   d.lse.download(p.lse);
   const ft_test::Results ref = ft_test::oracle(p, false);
@@ -70,12 +70,11 @@ TEST_P(GpuBackward, MatchesReference) {
   ft_test::Problem p(GetParam(), rng);
   DevProblem d(p);
   if (const std::string why = refusal(d, p.c); !why.empty()) GTEST_SKIP() << why;
-  const auto o = cuda_options(p.c);
-  flashtile::forward(d.q.view(), d.k.view(), d.v.view(), d.out.view(), d.lse.view(), o);
+  flashtile::forward(d.q.view(), d.k.view(), d.v.view(), d.out.view(), d.lse.view(), cuda_options(p.c));
   const auto report = flashtile::backward(d.q.view(), d.k.view(), d.v.view(), d.out.view(), d.dout.view(),
-                                          d.lse.view(), d.dq.view(), d.dk.view(), d.dv.view(), o);
+                                          d.lse.view(), d.dq.view(), d.dk.view(), d.dv.view(), cuda_options_bwd(p.c));
   FT_CUDA_OK(cudaDeviceSynchronize());
-  EXPECT_EQ(report.ran.backend, "cuda-sm80");
+  EXPECT_EQ(report.ran.backend, gpu_backend_bwd());
   d.dq.download(p.dq);
   d.dk.download(p.dk);
   d.dv.download(p.dv);
@@ -87,7 +86,7 @@ TEST_P(GpuBackward, MatchesReference) {
   ft_test::expect_close("dv", p.dv.to_double(), std_attn.dv, ref.dv, p.c.dtype, mag);
 
   // Deterministic mode: same gradients within tolerance, and bitwise identical on a second run.
-  const auto od = cuda_options(p.c, true);
+  const auto od = cuda_options_bwd(p.c, true);
   d.poison_grads(p);
   flashtile::backward(d.q.view(), d.k.view(), d.v.view(), d.out.view(), d.dout.view(), d.lse.view(), d.dq.view(),
                       d.dk.view(), d.dv.view(), od);

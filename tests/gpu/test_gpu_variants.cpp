@@ -1,4 +1,4 @@
-// cuda-sm80 on the variants of issue 12 (varlen, sliding window, softcap, ALiBi, sinks, and their combinations)
+// The CUDA backend under test (device.h: gpu_backend()) on the variants of issue 12 (varlen, sliding window, softcap, ALiBi, sinks, and their combinations)
 // against the cpu-reference backend (float64) through the public API: the same Options on float32 host copies of
 // the GPU's inputs (exact: the inputs are rounded to the dtype first). Tolerance: the suite's rule
 // (ft_test::expect_close), with a standard attention in the test's precision written out densely from the
@@ -179,7 +179,7 @@ TEST_P(GpuVariants, MatchesReference) {
   auto rng = ft_test::test_rng();
   const Host p = make_host(c, rng);
 
-  Call gpu(p, flashtile::Device::cuda, c.dtype, "cuda-sm80");
+  Call gpu(p, flashtile::Device::cuda, c.dtype, gpu_backend());
   // A subset build (FLASHTILE_CUDA_KERNELS) may lack this dtype / head dim: that is a skip, anything else runs.
   try {
     const auto r = flashtile::explain_forward(gpu.q->view(), gpu.k->view(), gpu.v->view(), gpu.out->view(),
@@ -190,7 +190,7 @@ TEST_P(GpuVariants, MatchesReference) {
     // the real call below reports it
   }
   const auto fwd = gpu.forward();
-  EXPECT_EQ(fwd.ran.backend, "cuda-sm80");
+  EXPECT_EQ(fwd.ran.backend, gpu_backend());
   EXPECT_NE(fwd.ran.kernel.find(expected_variant(c)), std::string::npos) << fwd.ran.kernel;
   const auto bwd = gpu.backward(false);
   EXPECT_NE(bwd.ran.kernel.find(expected_variant(c)), std::string::npos) << bwd.ran.kernel;
@@ -215,7 +215,7 @@ TEST_P(GpuVariants, MatchesReference) {
   // Deterministic mode: within tolerance, and bitwise equal on a second run (dsinks included).
   std::vector<std::vector<unsigned char>> first;
   for (int run = 0; run < 2; ++run) {
-    Call det(p, flashtile::Device::cuda, c.dtype, "cuda-sm80");
+    Call det(p, flashtile::Device::cuda, c.dtype, gpu_backend());
     det.forward();
     det.backward(true);
     FT_CUDA_OK(cudaDeviceSynchronize());

@@ -1,0 +1,124 @@
+// The CUDA backend "cuda-sm90": the Hopper forward (warp-specialised TMA producer, wgmma consumer
+// warpgroups; src/cuda/sm90/) for GPUs of compute capability 9.0 (H100, H200). Registered before cuda-sm80,
+// so auto picks it where it can run; what it refuses (the backward, strides TMA cannot take, an unbuilt
+// kernel) runs on cuda-sm80 with the reason in the dispatch report.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <sstream>
+
+#include "checks.h"
+#include "core/backend.h"
+#include "flashtile/errors.h"
+#include "kernel_switch.h"
+#include "runtime/runtime.h"
+#include "sm90/tile_table.h"
+
+namespace flashtile::detail {
+namespace {
+
+using cuda::Elem;
+using cuda::Kind;
+namespace sm90 = cuda::sm90;
+
+constexpr const char* kName = "cuda-sm90";
+
+int bucket_of(const AttnParams& p) { return sm90::hdim_bucket(static_cast<int>(std::max(p.hdim, p.hdim_v))); }
+
+// TMA reads each operand as a (rows, d, heads, batch) tensor: every stride of an extent above 1 must be a
+// positive multiple of 16 bytes (checks.h already asks for multiples of 8 elements).
+void check_tma_strides(const AttnParams& p, Reasons& why) {
+  struct Operand {
+    const char* name;
+    const Strides& s;
+    std::int64_t heads;
+  };
+  const Operand ops[] = {{"q", p.q_stride, p.heads_q}, {"k", p.k_stride, p.heads_kv}, {"v", p.v_stride, p.heads_kv}};
+  const bool batched = !p.is_varlen() && p.batch > 1;
+  for (const Operand& o : ops) {
+    if (o.s.row <= 0 || (o.heads > 1 && o.s.head <= 0) || (batched && o.s.batch <= 0)) {
+      std::ostringstream m;
+      m << "TMA: " << o.name << " strides (batch, seq, head) = (" << o.s.batch << ", " << o.s.row << ", " << o.s.head
+        << ") must be positive (the tensor-memory accelerator takes no zero or negative strides)";
+      why.push_back(m.str());
+    }
+  }
+}
+
+class CudaSm90 final : public Backend {
+ public:
+  std::string name() const override { return kName; }
+
+  Reasons can_run(const AttnParams& p) const override {
+    Reasons why;
+    const cuda::Gpu* gpu = cuda::check_common(p, kName, why);
+    if (gpu == nullptr) return why;
+    if (gpu->major != 9 || gpu->minor != 0)
+      why.push_back("compute capability " + std::to_string(gpu->major) + "." + std::to_string(gpu->minor) + " of " +
+                    gpu->name + " is not 9.0 (the kernels are sm_90a code: wgmma, setmaxnreg, TMA)");
+    if (p.is_backward())
+      why.push_back(std::string("backward: ") + kName + " has no backward kernel yet (cuda-sm80 runs it)");
+    check_tma_strides(p, why);
+    const std::int64_t dmax = std::max(p.hdim, p.hdim_v);
+    const int bucket = dmax <= 256 ? bucket_of(p) : 0;
+    if (bucket != 0 && p.dtype != DType::float32) {
+      if (!cuda::sm90_kernel_built(cuda::elem_of(p.dtype), bucket)) {
+        const char* built = cuda::sm90_built_kernels();
+        why.push_back(std::string("kernel not built in this build: ") + cuda::elem_name(cuda::elem_of(p.dtype)) +
+                      " hdim " + std::to_string(bucket) + " (cuda-sm90 built: " + (*built ? built : "none") +
+                      "; FLASHTILE_CUDA_SM90 and FLASHTILE_CUDA_KERNELS choose)");
+      }
+      if (sm90::fwd_smem_bytes(bucket) > gpu->smem_optin)
+        why.push_back("shared memory: the hdim " + std::to_string(bucket) + " kernel needs " +
+                      std::to_string(sm90::fwd_smem_bytes(bucket)) + " bytes per block, " + gpu->name + " allows " +
+                      std::to_string(gpu->smem_optin));
+    }
+    return why;
+  }
+
+  KernelInfo plan(const AttnParams& p) const override {
+    const int bucket = bucket_of(p);
+    const Elem e = cuda::elem_of(p.dtype);
+    const Kind kind = cuda::kind_of(p);
+    const sm90::FwdTile t = sm90::fwd_tile(bucket);
+    KernelInfo k;
+    k.backend = kName;
+    k.kernel = std::string("sm90_fwd_") + cuda::elem_name(e) + "_hdim" + std::to_string(bucket) + "_" +
+               cuda::kind_name(kind);
+    k.isa = "sm_90a wgmma + TMA";
+    k.block_q = t.block_m;
+    k.block_k = t.block_n;
+    k.threads = (t.block_m / 64 + 1) * 128;
+    std::ostringstream d;
+    d << "hdim_bucket=" << bucket << " warpgroups=1 producer (TMA) + " << t.block_m / 64
+      << " consumers (wgmma, 64 rows each) registers=24/240 stages=" << t.stages
+      << " (K and V rings, mbarrier pipeline) scheduler=one tile per CTA, longest first smem<="
+      << sm90::fwd_smem_bytes(bucket) << "B variant=" << cuda::kind_name(kind) << " (tiles: "
+      << (kind == Kind::plain ? "every key tile" : "key_tiles of the mask policy") << ") dtype=" << dtype_name(p.dtype)
+      << " accumulate=float32";
+    k.detail = d.str();
+    return k;
+  }
+
+  void run(const AttnParams& p) const override {
+    cuda::DeviceGuard guard(p.device_index, kName);
+    (void)cudaGetLastError();  // a stale error of an earlier, unrelated launch is not ours to report
+    cuda::FwdParams f;
+    f.a = p;
+    if (f.a.causal) f.a.window_right = 0;  // causal is window right = 0 (validation writes it too)
+    f.scale_log2 = p.softmax_scale * 1.4426950408889634f;
+    f.group = static_cast<int>(p.group());
+    cuda::check(cuda::launch_fwd_sm90(cuda::elem_of(p.dtype), bucket_of(p), cuda::kind_of(p), f,
+                                      static_cast<cudaStream_t>(p.cuda_stream)),
+                kName, "forward kernel launch");
+  }
+};
+
+}  // namespace
+
+void register_cuda_sm90_backend(std::vector<std::unique_ptr<Backend>>& out) {
+  out.push_back(std::make_unique<CudaSm90>());
+}
+
+}  // namespace flashtile::detail

@@ -1,0 +1,260 @@
+// Forward kernel of the sm90 path (Hopper, sm_90a): warp-specialised, TMA-fed, wgmma.
+//
+// One CTA per (query block, query head, sequence), asked from the tile scheduler (common/scheduler.h).
+// Warpgroup 0 is the producer: one thread issues the TMA loads of Q (once) and of K_j, V_j into a
+// kStages-deep ring of shared-memory buffers, each stage signalled by an mbarrier (PipelineTmaAsync); it
+// gives its registers to the consumers (setmaxnreg). Warpgroups 1.. are consumers, 64 query rows each:
+//   wait K_j | S = Q K_j^T (wgmma, both operands in shared memory) | release K_j | hook, mask, online softmax
+//   | P to 16 bits in registers | wait V_j | O += P V_j (wgmma, P from registers) | release V_j
+// The key tiles are those of core/mask.h's policy, visited from the last down to the first as in the sm80
+// kernel, so the tiles that need element masking (key tail, diagonal) come first and the window's left edge
+// last; every other tile runs without masking code.
+#pragma once
+
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+
+#include "common/mask.h"
+#include "common/params.h"
+#include "common/softmax.h"
+#include "sm90/traits.h"
+
+namespace flashtile::cuda::sm90 {
+
+template <class Traits>
+struct KernelParams {
+  FwdParams f;
+  typename Traits::TmaQ tma_q;
+  typename Traits::TmaKV tma_k, tma_v;
+  GmemShape shape_q, shape_k, shape_v;
+};
+
+// The wgmma accumulator ((2, 2, N / 8), MMA_M, MMA_N) viewed as (rows, cols) = ((2, MMA_M), (2, N / 8, MMA_N)):
+// per 8-column atom each thread holds two adjacent columns of rows r and r + 8, as the sm80 m16n8 atom.
+template <class L>
+CUTE_HOST_DEVICE constexpr auto acc_rowcol(L const& l) {
+  static_assert(decltype(rank(l))::value == 3);
+  static_assert(decltype(rank<0>(l))::value == 3);
+  auto m = get<0>(l);
+  return make_layout(make_layout(get<1>(m), get<1>(l)), make_layout(get<0>(m), get<2>(m), get<2>(l)));
+}
+
+// The same registers as the A operand of an RS wgmma with K = N: ((2, 2, 2), MMA_M, N / 16 * MMA_N). Two
+// adjacent 8-column atoms are one 16-wide k slice, in the order the A fragment wants, so only the view changes.
+template <class L>
+CUTE_HOST_DEVICE constexpr auto acc_as_a(L const& l) {
+  static_assert(decltype(size<0, 2>(l))::value % 2 == 0);
+  auto m = logical_divide(get<0>(l), Shape<Underscore, Underscore, _2>{});  // (2, 2, (2, N / 16))
+  return make_layout(make_layout(get<0>(m), get<1>(m), get<2, 0>(m)), get<1>(l),
+                     coalesce(make_layout(get<2, 1>(m), get<2>(l))));
+}
+
+// acc (+)= A B on wgmma, for one warpgroup: A from shared memory (descriptors) or registers, B from shared
+// memory; kZero starts from zero. Waits for completion before returning.
+template <bool kZero, class Mma, class A, class B, class C>
+CUTE_DEVICE void wg_gemm(Mma& mma, A const& a, B const& b, C& c) {
+  constexpr bool kRegA = !is_same_v<typename A::iterator, GMMA::DescriptorIterator>;
+  if constexpr (kRegA) warpgroup_fence_operand(const_cast<A&>(a));
+  warpgroup_fence_operand(c);
+  warpgroup_arrive();
+  if constexpr (kZero) mma.accumulate_ = GMMA::ScaleOut::Zero;
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(a); ++k) {
+    cute::gemm(mma, a(_, _, k), b(_, _, k), c);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_wait<0>();
+  warpgroup_fence_operand(c);
+  if constexpr (kRegA) warpgroup_fence_operand(const_cast<A&>(a));
+}
+
+template <class Traits, class V>
+__global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_constant__ KernelParams<Traits> kp) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Element = typename Traits::Element;
+  using Pipeline = typename Traits::Pipeline;
+  using Storage = typename Traits::SharedStorage;
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kD = Traits::kHeadDim;
+  constexpr bool kMasked = V::kMasked, kHooks = V::kHooks;
+  extern __shared__ __align__(1024) char smem_raw[];
+  Storage& ss = *reinterpret_cast<Storage*>(smem_raw);
+  const FwdParams& p = kp.f;
+  const detail::AttnParams& a = p.a;
+
+  const int warp = cutlass::canonical_warp_idx_sync();
+  const int warpgroup = cutlass::canonical_warp_group_idx();
+  const bool lane_leader = cute::elect_one_sync();
+  if (warp == 0 && lane_leader) {
+    cute::prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(kp.tma_k.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
+    cutlass::arch::ClusterTransactionBarrier::init(&ss.barrier_q, 1);
+  }
+  typename Pipeline::Params pp;
+  pp.transaction_bytes = Traits::kBytesKV;
+  pp.role = warpgroup == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
+  pp.is_leader = threadIdx.x == 0;
+  pp.num_consumers = Traits::kMmaThreads;
+  Pipeline pipeline_k(ss.pipeline_k, pp, Shape<_1, _1, _1>{});
+  Pipeline pipeline_v(ss.pipeline_v, pp, Shape<_1, _1, _1>{});
+  __syncthreads();  // barriers initialised
+
+  // The work of this CTA: longest first (with a causal mask the last query blocks see the most keys).
+  const int m_block = gridDim.x - 1 - blockIdx.x;
+  const int b = blockIdx.z, h = blockIdx.y;
+  const int hk = h / p.group;
+  const int m0 = m_block * kBlockM;
+  const detail::SeqInfo seq = detail::sequence(a, b);
+  const int sq = static_cast<int>(seq.seqlen_q), sk = static_cast<int>(seq.seqlen_k);
+  if (m0 >= sq) return;  // varlen: this sequence is shorter than max_seqlen_q
+  const detail::MaskPolicy pol = detail::MaskPolicy::make(a, seq);
+  int n_first = 0, n_last = (sk + kBlockN - 1) / kBlockN;
+  if constexpr (kMasked) {
+    const detail::Range t = pol.key_tiles(m0, min(kBlockM, sq - m0), kBlockN);
+    n_first = static_cast<int>(t.begin);
+    n_last = static_cast<int>(t.end);
+  }
+  Element* o_bh = static_cast<Element*>(a.out) + b * a.out_stride.batch + seq.q_row0 * a.out_stride.row +
+                  h * a.out_stride.head;
+  float* lse_bh = a.lse + b * a.lse_stride.batch + seq.q_row0 * a.lse_stride.row + h * a.lse_stride.head;
+  const float sink = detail::sink_logit(a, h);
+  if (n_first >= n_last) {  // no row of this block sees a key: O = 0, LSE = sink (-inf without sinks)
+    const int rows = min(kBlockM, sq - m0), hdim_v = static_cast<int>(a.hdim_v);
+    for (int i = threadIdx.x; i < rows * hdim_v; i += Traits::kThreads)
+      o_bh[(m0 + i / hdim_v) * a.out_stride.row + i % hdim_v] = Element(0.f);
+    for (int r = threadIdx.x; r < rows; r += Traits::kThreads) lse_bh[(m0 + r) * a.lse_stride.row] = sink;
+    return;
+  }
+
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q), typename Traits::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(ss.k), typename Traits::SmemLayoutKV{});
+  Tensor sV = make_tensor(make_smem_ptr(ss.v), typename Traits::SmemLayoutKV{});
+  Tensor sVt = make_tensor(make_smem_ptr(ss.v), typename Traits::SmemLayoutVt{});
+
+  if (warpgroup == 0) {
+    // Producer. 24 registers are enough for address arithmetic; the consumers get the rest.
+    cutlass::arch::warpgroup_reg_dealloc<24>();
+    if (warp == 0 && lane_leader) {
+      // Batch mode: tensor (rows, d, heads, batch) at batch b. Varlen: the packed rows, from the sequence's row 0.
+      const int bq = a.cu_seqlens_q != nullptr ? 0 : b;
+      Tensor mQ = domain_offset(make_coord(static_cast<int>(seq.q_row0), _0{}),
+                                kp.tma_q.get_tma_tensor(kp.shape_q)(_, _, h, bq));
+      Tensor mK = domain_offset(make_coord(static_cast<int>(seq.k_row0), _0{}),
+                                kp.tma_k.get_tma_tensor(kp.shape_k)(_, _, hk, bq));
+      Tensor mV = domain_offset(make_coord(static_cast<int>(seq.k_row0), _0{}),
+                                kp.tma_v.get_tma_tensor(kp.shape_v)(_, _, hk, bq));
+      Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kD>>{}, make_coord(m_block, _0{}));
+      Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kD>>{}, make_coord(_, _0{}));  // (N, D, n_blocks)
+      Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kD>>{}, make_coord(_, _0{}));
+      auto [tQg, tQs] = tma_partition(kp.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+      auto [tKg, tKs] = tma_partition(kp.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+      auto [tVg, tVs] = tma_partition(kp.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+
+      cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&ss.barrier_q, Traits::kBytesQ);
+      copy(kp.tma_q.with(ss.barrier_q, 0), tQg, tQs);
+      cutlass::PipelineState<Traits::kStages> write = cutlass::make_producer_start_state<Pipeline>();
+      for (int n = n_last - 1; n >= n_first; --n) {
+        pipeline_k.producer_acquire(write);
+        copy(kp.tma_k.with(*pipeline_k.producer_get_barrier(write), 0), tKg(_, n), tKs(_, write.index()));
+        pipeline_v.producer_acquire(write);
+        copy(kp.tma_v.with(*pipeline_v.producer_get_barrier(write), 0), tVg(_, n), tVs(_, write.index()));
+        ++write;
+      }
+    }
+    return;
+  }
+
+  // Consumers.
+  cutlass::arch::warpgroup_reg_alloc<240>();
+  const int tidx = threadIdx.x - 128;
+  typename Traits::TiledMmaQK mma_qk;
+  typename Traits::TiledMmaPV mma_pv;
+  auto thr_qk = mma_qk.get_thread_slice(tidx);
+  auto thr_pv = mma_pv.get_thread_slice(tidx);
+  Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
+  Tensor tSrK = thr_qk.partition_fragment_B(sK);   // (MMA, MMA_N, MMA_K, stages)
+  Tensor tOrV = thr_pv.partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K, stages)
+  Tensor acc_o = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<kD>>{});
+  clear(acc_o);
+  Tensor acc_o_rc = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));
+  Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+  Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
+
+  const float mult = kHooks ? 1.4426950408889634f : p.scale_log2;
+  const float score_scale = kHooks ? 1.f : a.softmax_scale;
+  TileHook hook;
+  if constexpr (kHooks) hook = TileHook::make(detail::ScoreHook::make(a, seq, b, h));
+  constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
+  OnlineSoftmax<kRows> softmax(sink, score_scale);
+  RowKeys<kRows> row_keys;
+  row_keys.template init<kMasked>(pol, sk, tScS_rc, m0);
+
+  cutlass::arch::ClusterTransactionBarrier::wait(&ss.barrier_q, 0);
+  cutlass::PipelineState<Traits::kStages> read;
+  int n_block = n_last - 1;
+  auto step = [&](auto first, auto masked) __attribute__((always_inline)) {
+    constexpr bool kFirst = decltype(first)::value, kMaskStep = decltype(masked)::value;
+    const int n0 = n_block * kBlockN;
+    Tensor acc_s = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
+    pipeline_k.consumer_wait(read);
+    wg_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read.index()), acc_s);
+    pipeline_k.consumer_release(read);
+    Tensor s_rc = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
+    if constexpr (kHooks) apply_hook<AnyHook>(s_rc, tScS_rc, m0, n0, hook);
+    if constexpr (kMaskStep) row_keys.apply(s_rc, tScS_rc, n0, -INFINITY);
+    softmax.template update<kFirst>(s_rc, acc_o_rc, mult);
+    Tensor rP = convert_to<Element>(acc_s);
+    Tensor tOrP = make_tensor(rP.data(), acc_as_a(rP.layout()));
+    pipeline_v.consumer_wait(read);
+    wg_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read.index()), acc_o);
+    pipeline_v.consumer_release(read);
+    ++read;
+  };
+  auto needs_mask = [&](int nb) {
+    const int n0 = nb * kBlockN;
+    if (n0 + kBlockN > sk) return true;
+    if constexpr (kMasked) return pol.tile(m0, min(kBlockM, sq - m0), n0, kBlockN) != detail::TileMask::full;
+    return false;
+  };
+  step(cute::true_type{}, cute::true_type{});
+  for (--n_block; n_block >= n_first && needs_mask(n_block); --n_block) step(cute::false_type{}, cute::true_type{});
+  for (; n_block >= n_first && (!kMasked || !needs_mask(n_block)); --n_block)
+    step(cute::false_type{}, cute::false_type{});
+  if constexpr (kMasked)
+    for (; n_block >= n_first; --n_block) step(cute::false_type{}, cute::true_type{});
+
+  // Epilogue: normalise; LSE from the lanes that own each row; O as pairs of 16-bit values straight from the
+  // accumulator (each quad writes 16 contiguous bytes of a row).
+  float lse[kRows];
+  softmax.finalize(acc_o_rc, score_scale, lse);
+  if (tidx % 4 == 0) {
+    CUTE_UNROLL
+    for (int mi = 0; mi < kRows; ++mi) {
+      const int row = m0 + get<0>(tScS_rc(mi, 0));
+      if (row < sq) lse_bh[row * a.lse_stride.row] = lse[mi];
+    }
+  }
+  Tensor tOcO = thr_pv.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kD>>{}));
+  Tensor tOcO_rc = make_tensor(tOcO.data(), acc_rowcol(tOcO.layout()));
+  const int hdim_v = static_cast<int>(a.hdim_v);
+  CUTE_UNROLL
+  for (int mi = 0; mi < size<0>(acc_o_rc); ++mi) {
+    const int row = m0 + get<0>(tOcO_rc(mi, 0));
+    if (row >= sq) continue;
+    Element* o_row = o_bh + row * a.out_stride.row;
+    CUTE_UNROLL
+    for (int ni = 0; ni < size<1>(acc_o_rc); ni += 2) {
+      const int col = get<1>(tOcO_rc(mi, ni));  // even; col + 1 is this thread's next value
+      if (col < hdim_v) {
+        cutlass::Array<Element, 2> pair;
+        pair[0] = Element(acc_o_rc(mi, ni));
+        pair[1] = Element(acc_o_rc(mi, ni + 1));
+        *reinterpret_cast<cutlass::Array<Element, 2>*>(o_row + col) = pair;
+      }
+    }
+  }
+#endif
+}
+
+}  // namespace flashtile::cuda::sm90

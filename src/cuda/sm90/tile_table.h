@@ -1,0 +1,46 @@
+// Tile sizes of the sm90 (wgmma + TMA) path, one entry per head-dim bucket, with the reason for each. Host
+// and device code read the same table: plan() reports it, the kernels are built from it.
+//
+// Budget: H100/H200 give a block up to 227 KB of shared memory; a consumer warpgroup (64 query rows) holds
+// O (64 x hdim / 128 threads = hdim / 2 floats) and S (block_n / 2 floats) in its 240 registers per thread.
+#pragma once
+
+namespace flashtile::cuda::sm90 {
+
+struct FwdTile {
+  int hdim, block_m, block_n, stages;
+  const char* why;
+};
+
+inline constexpr FwdTile kFwdTiles[] = {
+    {64, 128, 128, 2, "2 consumer warpgroups; O 32 + S 64 regs; Q 16 KB + K/V 2 x 2 x 16 KB"},
+    {96, 128, 128, 2, "O 48 + S 64 regs; 120 KB smem"},
+    {128, 128, 128, 2, "O 64 + S 64 regs; Q 32 KB + K/V 2 x 2 x 32 KB = 160 KB smem"},
+    {192, 128, 112, 2, "O 96 + S 56 regs; block_n 112 keeps smem at 132 KB"},
+    {256, 128, 80, 2, "O 128 + S 40 regs; block_n 80: Q 64 KB + K/V 2 x 2 x 40 KB = 224 KB smem"},
+};
+
+inline constexpr int kHdimBuckets[] = {64, 96, 128, 192, 256};
+
+// The smallest bucket that holds d (d <= 256), or 0.
+constexpr int hdim_bucket(int d) {
+  for (int b : kHdimBuckets)
+    if (d <= b) return b;
+  return 0;
+}
+
+constexpr FwdTile fwd_tile(int hdim) {
+  for (const FwdTile& t : kFwdTiles)
+    if (t.hdim == hdim) return t;
+  return {0, 0, 0, 0, nullptr};
+}
+
+// Shared memory of the forward: Q, the K and V rings, and the barriers (a bound; traits.h has the exact size).
+constexpr int fwd_smem_bytes(int hdim) {
+  const FwdTile t = fwd_tile(hdim);
+  return (t.block_m + 2 * t.stages * t.block_n) * hdim * 2 + 1024;
+}
+
+static_assert(fwd_smem_bytes(256) <= 227 * 1024);
+
+}  // namespace flashtile::cuda::sm90
