@@ -168,7 +168,7 @@ TEST(GpuDispatch, RowsWithoutKeys) {
     }
   // Backward: no NaN anywhere, dq = 0 on the rows without keys.
   flashtile::backward(d.q.view(), d.k.view(), d.v.view(), d.out.view(), d.dout.view(), d.lse.view(), d.dq.view(),
-                      d.dk.view(), d.dv.view(), cuda_options(c));
+                      d.dk.view(), d.dv.view(), cuda_options_bwd(c));
   FT_CUDA_OK(cudaDeviceSynchronize());
   d.dq.download(p.dq);
   const auto dq = p.dq.to_double();

@@ -106,7 +106,7 @@ TEST_P(GpuLong, ForwardSampledRowsAndBackwardDq) {
 
   // Backward.
   flashtile::backward(d.q.view(), d.k.view(), d.v.view(), d.out.view(), d.dout.view(), d.lse.view(), d.dq.view(),
-                      d.dk.view(), d.dv.view(), o);
+                      d.dk.view(), d.dv.view(), cuda_options_bwd(c));
   FT_CUDA_OK(cudaDeviceSynchronize());
   d.dq.download(p.dq);
   d.dk.download(p.dk);

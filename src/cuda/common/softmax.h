@@ -28,11 +28,12 @@ struct OnlineSoftmax {
     }
   }
 
-  // Folds one score tile into the running state: scores (rows x cols) become P = exp(scale * s - max) and
-  // the output accumulator is rescaled by exp(scale * (old max - new max)). kFirst skips the rescale of the
-  // (still zero) output accumulator; the sum is rescaled, since a sink may have started it.
-  template <bool kFirst, class S, class O>
-  CUTE_DEVICE void update(S& s, O& acc_o, float scale_log2) {
+  // Folds one score tile into the running state: scores (rows x cols) become P = exp(scale * s - max), and
+  // alpha[mi] = exp(scale * (old max - new max)) is the factor the output accumulator's rows must be rescaled
+  // by (rescale(); the sm90 kernel does it later, while the tensor cores are busy). kFirst: the first tile of
+  // the row (the sum is still rescaled, since a sink may have started it).
+  template <bool kFirst, class S>
+  CUTE_DEVICE void fold(S& s, float scale_log2, float (&alpha)[kRows]) {
     static_assert(decltype(size<0>(s))::value == kRows);
     CUTE_UNROLL
     for (int mi = 0; mi < kRows; ++mi) {
@@ -42,12 +43,8 @@ struct OnlineSoftmax {
       m = quad_max(m);
       // A row that has seen no visible key keeps max = -inf; use 0 so that -inf - max stays -inf.
       const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
-      const float alpha = ex2(row_max[mi] * scale_log2 - m_scaled);  // ex2(-inf) = 0 on the first visible tile
-      row_sum[mi] *= alpha;
-      if constexpr (!kFirst) {
-        CUTE_UNROLL
-        for (int di = 0; di < size<1>(acc_o); ++di) acc_o(mi, di) *= alpha;
-      }
+      alpha[mi] = ex2(row_max[mi] * scale_log2 - m_scaled);  // ex2(-inf) = 0 on the first visible tile
+      row_sum[mi] *= alpha[mi];
       row_max[mi] = m;
       float sum = 0.f;
       CUTE_UNROLL
@@ -58,6 +55,23 @@ struct OnlineSoftmax {
       }
       row_sum[mi] += sum;
     }
+  }
+
+  template <class O>
+  CUTE_DEVICE static void rescale(O& acc_o, const float (&alpha)[kRows]) {
+    CUTE_UNROLL
+    for (int mi = 0; mi < kRows; ++mi) {
+      CUTE_UNROLL
+      for (int di = 0; di < size<1>(acc_o); ++di) acc_o(mi, di) *= alpha[mi];
+    }
+  }
+
+  // fold() and rescale() at once. kFirst skips the rescale of the (still zero) output accumulator.
+  template <bool kFirst, class S, class O>
+  CUTE_DEVICE void update(S& s, O& acc_o, float scale_log2) {
+    float alpha[kRows];
+    fold<kFirst>(s, scale_log2, alpha);
+    if constexpr (!kFirst) rescale(acc_o, alpha);
   }
 
   // O = acc / l and LSE = max * scale + ln(l); a row with no visible key gets O = 0 and LSE = -inf, or with a

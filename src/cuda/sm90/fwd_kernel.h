@@ -3,9 +3,12 @@
 // One CTA per (query block, query head, sequence), asked from the tile scheduler (common/scheduler.h).
 // Warpgroup 0 is the producer: one thread issues the TMA loads of Q (once) and of K_j, V_j into a
 // kStages-deep ring of shared-memory buffers, each stage signalled by an mbarrier (PipelineTmaAsync); it
-// gives its registers to the consumers (setmaxnreg). Warpgroups 1.. are consumers, 64 query rows each:
-//   wait K_j | S = Q K_j^T (wgmma, both operands in shared memory) | release K_j | hook, mask, online softmax
-//   | P to 16 bits in registers | wait V_j | O += P V_j (wgmma, P from registers) | release V_j
+// gives its registers to the consumers (setmaxnreg). Warpgroups 1.. are consumers, 64 query rows each; per
+// key tile j (S = Q K^T with both operands in shared memory, O += P V with P from registers):
+//   wait K_j | [turn] issue S_j = Q K_j^T, rescale O, issue O += P_{j-1} V_{j-1} [pass turn] | S_j done:
+//   release K_j | hook, mask, online softmax of S_j | P V done: release V_{j-1} | P_j to 16 bits
+// The turns (TurnTaking) alternate the two consumer warpgroups' matrix products, so one's softmax hides
+// under the other's products.
 // The key tiles are those of core/mask.h's policy, visited from the last down to the first as in the sm80
 // kernel, so the tiles that need element masking (key tail, diagonal) come first and the window's left edge
 // last; every other tile runs without masking code.
@@ -50,8 +53,9 @@ CUTE_HOST_DEVICE constexpr auto acc_as_a(L const& l) {
 }
 
 // acc (+)= A B on wgmma, for one warpgroup: A from shared memory (descriptors) or registers, B from shared
-// memory; kZero starts from zero. Waits for completion before returning.
-template <bool kZero, class Mma, class A, class B, class C>
+// memory; kZero starts from zero. kWait >= 0: waits until at most kWait batches are in flight; -1: returns
+// with this one in flight (the caller waits with warpgroup_wait before touching c or a's registers).
+template <bool kZero, int kWait, class Mma, class A, class B, class C>
 CUTE_DEVICE void wg_gemm(Mma& mma, A const& a, B const& b, C& c) {
   constexpr bool kRegA = !is_same_v<typename A::iterator, GMMA::DescriptorIterator>;
   if constexpr (kRegA) warpgroup_fence_operand(const_cast<A&>(a));
@@ -64,10 +68,34 @@ CUTE_DEVICE void wg_gemm(Mma& mma, A const& a, B const& b, C& c) {
     mma.accumulate_ = GMMA::ScaleOut::One;
   }
   warpgroup_commit_batch();
-  warpgroup_wait<0>();
+  if constexpr (kWait >= 0) warpgroup_wait<kWait>();
   warpgroup_fence_operand(c);
   if constexpr (kRegA) warpgroup_fence_operand(const_cast<A&>(a));
 }
+
+// Ping-pong of the two consumer warpgroups (named barriers 1 and 2, 256 threads each): a warpgroup waits for
+// its turn before issuing its matrix products and hands the turn over right after issuing them, so one
+// warpgroup's softmax runs while the other's products occupy the tensor cores. Every sync of one warpgroup is
+// matched by one arrive of the other (the first turn is given by the second warpgroup at the start, and the
+// first warpgroup takes the last turn at the end), so no arrival is left pending at exit.
+template <int kConsumers>
+struct TurnTaking {
+  int self = 0;  // this consumer warpgroup, 0 or 1
+  CUTE_DEVICE void start() const {
+    if constexpr (kConsumers == 2)
+      if (self == 1) cutlass::arch::NamedBarrier::arrive(256, 1);
+  }
+  CUTE_DEVICE void wait_turn() const {
+    if constexpr (kConsumers == 2) cutlass::arch::NamedBarrier::sync(256, 1 + self);
+  }
+  CUTE_DEVICE void pass_turn() const {
+    if constexpr (kConsumers == 2) cutlass::arch::NamedBarrier::arrive(256, 2 - self);
+  }
+  CUTE_DEVICE void finish() const {
+    if constexpr (kConsumers == 2)
+      if (self == 0) cutlass::arch::NamedBarrier::sync(256, 1);
+  }
+};
 
 template <class Traits, class V>
 __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_constant__ KernelParams<Traits> kp) {
@@ -190,25 +218,57 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   RowKeys<kRows> row_keys;
   row_keys.template init<kMasked>(pol, sk, tScS_rc, m0);
 
-  cutlass::arch::ClusterTransactionBarrier::wait(&ss.barrier_q, 0);
-  cutlass::PipelineState<Traits::kStages> read;
   int n_block = n_last - 1;
-  auto step = [&](auto first, auto masked) __attribute__((always_inline)) {
-    constexpr bool kFirst = decltype(first)::value, kMaskStep = decltype(masked)::value;
+  // Mainloop, software-pipelined within the warpgroup: while S_j = Q K_j^T runs on the tensor cores, the
+  // previous tile's P_{j-1} V_{j-1} is issued behind it, and the softmax of S_j overlaps P_{j-1} V_{j-1}.
+  // O is rescaled by tile j-1's factor just before P_{j-1} V_{j-1} is added (FlashAttention-3's order).
+  TurnTaking<Traits::kConsumerWarpgroups> turns{warpgroup - 1};
+  turns.start();
+  cutlass::arch::ClusterTransactionBarrier::wait(&ss.barrier_q, 0);
+  cutlass::PipelineState<Traits::kStages> read, prev;
+  Tensor acc_s = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
+  Tensor s_rc = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
+  Tensor rP = make_tensor<Element>(acc_s.layout());
+  Tensor tOrP = make_tensor(rP.data(), acc_as_a(rP.layout()));  // the same registers as P V's A operand
+  float alpha[kRows];
+  // Scores of tile n_block into P (in acc_s): hook, mask, online softmax.
+  auto scores = [&](auto first, auto masked) __attribute__((always_inline)) {
     const int n0 = n_block * kBlockN;
-    Tensor acc_s = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
-    pipeline_k.consumer_wait(read);
-    wg_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read.index()), acc_s);
-    pipeline_k.consumer_release(read);
-    Tensor s_rc = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
     if constexpr (kHooks) apply_hook<AnyHook>(s_rc, tScS_rc, m0, n0, hook);
-    if constexpr (kMaskStep) row_keys.apply(s_rc, tScS_rc, n0, -INFINITY);
-    softmax.template update<kFirst>(s_rc, acc_o_rc, mult);
-    Tensor rP = convert_to<Element>(acc_s);
-    Tensor tOrP = make_tensor(rP.data(), acc_as_a(rP.layout()));
-    pipeline_v.consumer_wait(read);
-    wg_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read.index()), acc_o);
-    pipeline_v.consumer_release(read);
+    if constexpr (decltype(masked)::value) row_keys.apply(s_rc, tScS_rc, n0, -INFINITY);
+    softmax.template fold<decltype(first)::value>(s_rc, mult, alpha);
+  };
+  auto to_p = [&]() __attribute__((always_inline)) {
+    Tensor p16 = convert_to<Element>(acc_s);
+    CUTE_UNROLL
+    for (int i = 0; i < size(rP); ++i) rP(i) = p16(i);
+  };
+  // First tile: S_0 alone.
+  pipeline_k.consumer_wait(read);
+  turns.wait_turn();
+  wg_gemm<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, read.index()), acc_s);
+  turns.pass_turn();
+  warpgroup_wait<0>();
+  pipeline_k.consumer_release(read);
+  scores(cute::true_type{}, cute::true_type{});
+  to_p();
+  prev = read;
+  ++read;
+  auto step = [&](auto masked) __attribute__((always_inline)) {
+    pipeline_k.consumer_wait(read);
+    turns.wait_turn();
+    wg_gemm<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, read.index()), acc_s);
+    softmax.rescale(acc_o_rc, alpha);
+    pipeline_v.consumer_wait(prev);
+    wg_gemm<false, -1>(mma_pv, tOrP, tOrV(_, _, _, prev.index()), acc_o);
+    turns.pass_turn();
+    warpgroup_wait<1>();  // S_j is in
+    pipeline_k.consumer_release(read);
+    scores(cute::false_type{}, masked);
+    warpgroup_wait<0>();  // P_{j-1} V_{j-1} is in: tOrP and V_{j-1}'s buffer are free
+    pipeline_v.consumer_release(prev);
+    to_p();
+    prev = read;
     ++read;
   };
   auto needs_mask = [&](int nb) {
@@ -217,12 +277,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     if constexpr (kMasked) return pol.tile(m0, min(kBlockM, sq - m0), n0, kBlockN) != detail::TileMask::full;
     return false;
   };
-  step(cute::true_type{}, cute::true_type{});
-  for (--n_block; n_block >= n_first && needs_mask(n_block); --n_block) step(cute::false_type{}, cute::true_type{});
-  for (; n_block >= n_first && (!kMasked || !needs_mask(n_block)); --n_block)
-    step(cute::false_type{}, cute::false_type{});
+  for (--n_block; n_block >= n_first && needs_mask(n_block); --n_block) step(cute::true_type{});
+  for (; n_block >= n_first && (!kMasked || !needs_mask(n_block)); --n_block) step(cute::false_type{});
   if constexpr (kMasked)
-    for (; n_block >= n_first; --n_block) step(cute::false_type{}, cute::true_type{});
+    for (; n_block >= n_first; --n_block) step(cute::true_type{});
+  // Last tile's P V.
+  softmax.rescale(acc_o_rc, alpha);
+  pipeline_v.consumer_wait(prev);
+  turns.wait_turn();
+  wg_gemm<false, -1>(mma_pv, tOrP, tOrV(_, _, _, prev.index()), acc_o);
+  turns.pass_turn();
+  warpgroup_wait<0>();
+  pipeline_v.consumer_release(prev);
+  turns.finish();
 
   // Epilogue: normalise; LSE from the lanes that own each row; O as pairs of 16-bit values straight from the
   // accumulator (each quad writes 16 contiguous bytes of a row).
