@@ -126,11 +126,17 @@ inline flashtile::Options cuda_options_bwd(const ft_test::Case& c, bool determin
 
 // Empty when the CUDA backend would run this problem; else the refusal text (e.g. a kernel this subset
 // build did not compile).
+// Both directions are asked: a subset build may hold a call's forward kernel and not its backward one (the
+// backends' head-dim buckets differ: d = 8 is sm90's bucket 64 and sm80's bucket 32).
 inline std::string refusal(const DevProblem& d, const ft_test::Case& c) {
   try {
     const auto r =
         flashtile::explain_forward(d.q.view(), d.k.view(), d.v.view(), d.out.view(), d.lse.view(), cuda_options(c));
-    return r.ran.backend == gpu_backend() ? std::string() : r.to_string();
+    if (r.ran.backend != gpu_backend()) return r.to_string();
+    const auto rb = flashtile::explain_backward(d.q.view(), d.k.view(), d.v.view(), d.out.view(), d.dout.view(),
+                                                d.lse.view(), d.dq.view(), d.dk.view(), d.dv.view(),
+                                                cuda_options_bwd(c));
+    return rb.ran.backend == gpu_backend_bwd() ? std::string() : rb.to_string();
   } catch (const flashtile::Error& e) {
     return e.what();
   }
