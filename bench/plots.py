@@ -105,6 +105,8 @@ def draw(pts, title, unit, path):
             if not xs:
                 continue
             label, colour, ls = STYLE.get(lib, (lib, None, "-"))
+            if lib == "flashtile" and "sm90" in libs:  # GPU runs with both CUDA backends: name the first
+                label = "FlashTile cuda-sm80"
             ax.plot([x for x, _ in xs], [y for _, y in xs], ls, color=colour, marker="o", markersize=3.5,
                     linewidth=2.4 if lib == "flashtile" else 1.4, label=label)
         seqlens = sorted({p["seqlen"] for p in pts if p["group"] == g})
