@@ -142,8 +142,7 @@ inline void softmax_rows_to_bf16(const detail::AttnParams& p, PairScratch& w, co
                                  int rows, std::int64_t k0, int n, int n_pad, bool needs_mask) {
   for (int r = 0; r < rows; ++r) {
     float* sr = w.s.get() + static_cast<std::int64_t>(r) * w.bk;
-    scale_row(sr, n, p.softmax_scale);
-    score_row(head.hook, q0 + r, k0, sr, n);
+    score_row(head.hook, q0 + r, k0, sr, n, nullptr, p.softmax_scale);
     const TileKeys vis = needs_mask ? mask_row(head.mask, q0 + r, k0, n, sr) : TileKeys{0, n};
     w.lo[r] = vis.begin;
     w.hi[r] = vis.end;
