@@ -7,7 +7,8 @@
 //   varlen  — a packed batch of mixed lengths vs equal-length batches of the same work vs the mixed batch
 //             padded to its longest sequence.
 // GFLOP/s counts the visible (query, key) pairs only: 2·(D + Dv) FLOP per pair and head forward, 2.5x that
-// backward (the CLI's convention).
+// backward (the CLI's convention). --dtype picks the operands' dtype (float32 by default; bfloat16 runs the
+// bf16-pair or AMX forward on the ISA paths that have one).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -30,6 +31,7 @@ struct Config {
   int threads = 0, iters = 3;
   std::int64_t heads = 2, hdim = 128;
   double scale = 1.0;  // sequence lengths x scale (--quick: 1/4)
+  DType dtype = DType::float32;  // of q, k, v and the outputs (--dtype); bf16 runs the bf16-pair / AMX kernels
   std::vector<std::string> cells{"window", "hooks", "varlen"};
 };
 
@@ -46,7 +48,7 @@ struct Bench {
   std::vector<double> fwd_s, bwd_s;
 
   Bench(std::string name, std::vector<std::int64_t> lq, std::vector<std::int64_t> lk, bool packed, Options opts,
-        std::int64_t h, std::int64_t dim, std::mt19937_64& rng)
+        std::int64_t h, std::int64_t dim, std::mt19937_64& rng, DType t)
       : label(std::move(name)), lens_q(std::move(lq)), lens_k(std::move(lk)), varlen(packed), o(std::move(opts)),
         heads(h), d(dim) {
     const auto nb = static_cast<std::int64_t>(lens_q.size());
@@ -54,14 +56,14 @@ struct Bench {
     for (std::size_t b = 0; b < lens_q.size(); ++b) tq += lens_q[b], tk += lens_k[b];
     auto qs = [&] { return varlen ? std::vector<std::int64_t>{tq, h, dim} : std::vector<std::int64_t>{nb, lens_q[0], h, dim}; };
     auto ks = [&] { return varlen ? std::vector<std::int64_t>{tk, h, dim} : std::vector<std::int64_t>{nb, lens_k[0], h, dim}; };
-    q = std::make_unique<Buffer>(DType::float32, qs());
-    k = std::make_unique<Buffer>(DType::float32, ks());
-    v = std::make_unique<Buffer>(DType::float32, ks());
-    out = std::make_unique<Buffer>(DType::float32, qs());
-    dout = std::make_unique<Buffer>(DType::float32, qs());
-    dq = std::make_unique<Buffer>(DType::float32, qs());
-    dk = std::make_unique<Buffer>(DType::float32, ks());
-    dv = std::make_unique<Buffer>(DType::float32, ks());
+    q = std::make_unique<Buffer>(t, qs());
+    k = std::make_unique<Buffer>(t, ks());
+    v = std::make_unique<Buffer>(t, ks());
+    out = std::make_unique<Buffer>(t, qs());
+    dout = std::make_unique<Buffer>(t, qs());
+    dq = std::make_unique<Buffer>(t, qs());
+    dk = std::make_unique<Buffer>(t, ks());
+    dv = std::make_unique<Buffer>(t, ks());
     lse = std::make_unique<Buffer>(DType::float32, varlen ? std::vector<std::int64_t>{h, tq}
                                                           : std::vector<std::int64_t>{nb, h, lens_q[0]});
     for (Buffer* x : {q.get(), k.get(), v.get(), dout.get()}) x->fill_normal(rng);
@@ -162,13 +164,13 @@ void window_cell(const Config& c, std::mt19937_64& rng) {
   win.window_size = {w, 0};
   std::vector<Bench> calls;
   calls.emplace_back("causal Sq=Sk=" + std::to_string(s4), std::vector<std::int64_t>{s4}, std::vector<std::int64_t>{s4},
-                     false, causal, c.heads, c.hdim, rng);
+                     false, causal, c.heads, c.hdim, rng, c.dtype);
   calls.emplace_back("full Sq=Sk=" + std::to_string(s4), std::vector<std::int64_t>{s4}, std::vector<std::int64_t>{s4}, false,
-                     full, c.heads, c.hdim, rng);
+                     full, c.heads, c.hdim, rng, c.dtype);
   calls.emplace_back("window(" + std::to_string(w) + ", 0) Sq=" + std::to_string(s4) + " Sk=" + std::to_string(s32),
-                     std::vector<std::int64_t>{s4}, std::vector<std::int64_t>{s32}, false, win, c.heads, c.hdim, rng);
+                     std::vector<std::int64_t>{s4}, std::vector<std::int64_t>{s32}, false, win, c.heads, c.hdim, rng, c.dtype);
   calls.emplace_back("window(" + std::to_string(w) + ", 0) Sq=Sk=" + std::to_string(s32), std::vector<std::int64_t>{s32},
-                     std::vector<std::int64_t>{s32}, false, win, c.heads, c.hdim, rng);
+                     std::vector<std::int64_t>{s32}, false, win, c.heads, c.hdim, rng, c.dtype);
   run_cell("window: cost in proportion to the window, not to Sk", calls, c, 0);
 }
 
@@ -180,7 +182,7 @@ void hooks_cell(const Config& c, std::mt19937_64& rng) {
   cap.softcap = 30.0f;
   std::vector<Bench> calls;
   auto add = [&](const std::string& name, const Options& opts) {
-    calls.emplace_back(name, std::vector<std::int64_t>{s}, std::vector<std::int64_t>{s}, false, opts, c.heads, c.hdim, rng);
+    calls.emplace_back(name, std::vector<std::int64_t>{s}, std::vector<std::int64_t>{s}, false, opts, c.heads, c.hdim, rng, c.dtype);
   };
   add("causal", o);
   add("causal + softcap(30)", cap);
@@ -212,15 +214,15 @@ void varlen_cell(const Config& c, std::mt19937_64& rng) {
   std::vector<Bench> calls;
   calls.emplace_back("equal lengths: " + std::to_string(n_eq) + " x " + std::to_string(eq) + " (varlen)",
                      std::vector<std::int64_t>(static_cast<std::size_t>(n_eq), eq),
-                     std::vector<std::int64_t>(static_cast<std::size_t>(n_eq), eq), true, base(c), c.heads, c.hdim, rng);
+                     std::vector<std::int64_t>(static_cast<std::size_t>(n_eq), eq), true, base(c), c.heads, c.hdim, rng, c.dtype);
   calls.emplace_back("equal lengths: batch " + std::to_string(n_eq) + " x " + std::to_string(eq),
                      std::vector<std::int64_t>(static_cast<std::size_t>(n_eq), eq),
-                     std::vector<std::int64_t>(static_cast<std::size_t>(n_eq), eq), false, base(c), c.heads, c.hdim, rng);
+                     std::vector<std::int64_t>(static_cast<std::size_t>(n_eq), eq), false, base(c), c.heads, c.hdim, rng, c.dtype);
   std::ostringstream mix;
   for (std::size_t i = 0; i < lens.size(); ++i) mix << (i ? "," : "") << lens[i];
-  calls.emplace_back("mixed lengths (" + mix.str() + ")", lens, lens, true, base(c), c.heads, c.hdim, rng);
+  calls.emplace_back("mixed lengths (" + mix.str() + ")", lens, lens, true, base(c), c.heads, c.hdim, rng, c.dtype);
   Bench padded("mixed, padded to " + std::to_string(longest), std::vector<std::int64_t>(lens.size(), longest),
-               std::vector<std::int64_t>(lens.size(), longest), false, base(c), c.heads, c.hdim, rng);
+               std::vector<std::int64_t>(lens.size(), longest), false, base(c), c.heads, c.hdim, rng, c.dtype);
   calls.push_back(std::move(padded));
   run_cell("varlen: mixed lengths vs equal lengths of the same work vs padding (GFLOP/s over real tokens' pairs "
            "except the padded row, which counts its padding)",
@@ -242,6 +244,13 @@ int run_bench_variants(const std::vector<std::string>& args) {
     else if (f == "--heads") c.heads = std::stoll(value());
     else if (f == "--hdim") c.hdim = std::stoll(value());
     else if (f == "--quick") c.scale = 0.25;
+    else if (f == "--dtype") {
+      const std::string t = value();
+      if (t == "float32") c.dtype = DType::float32;
+      else if (t == "float16") c.dtype = DType::float16;
+      else if (t == "bfloat16") c.dtype = DType::bfloat16;
+      else throw InvalidArgument("--dtype: expected float32, float16 or bfloat16, got '" + t + "'");
+    }
     else if (f == "--cells") {
       c.cells.clear();
       std::string v = value();
@@ -252,17 +261,17 @@ int run_bench_variants(const std::vector<std::string>& args) {
       }
     } else {
       throw InvalidArgument("bench-variants: unknown flag '" + f +
-                            "'; flags: --threads N --iters N --heads N --hdim N --quick --cells window,hooks,varlen");
+                            "'; flags: --threads N --iters N --heads N --hdim N --quick --dtype T --cells window,hooks,varlen");
     }
   }
   const DispatchReport probe = [&] {
-    Buffer q(DType::float32, {1, 1, 1, c.hdim}), o(DType::float32, {1, 1, 1, c.hdim}), l(DType::float32, {1, 1, 1});
+    Buffer q(c.dtype, {1, 1, 1, c.hdim}), o(c.dtype, {1, 1, 1, c.hdim}), l(DType::float32, {1, 1, 1});
     Options opts = base(c);
     return explain_forward(q.view(), q.view(), q.view(), o.view(), l.view(), opts);
   }();
-  std::printf("flashtile bench-variants: float32, Hq = Hkv = %lld, D = Dv = %lld, %d threads, %s, median of %d "
+  std::printf("flashtile bench-variants: %s, Hq = Hkv = %lld, D = Dv = %lld, %d threads, %s, median of %d "
               "interleaved runs after 1 warm-up\n",
-              static_cast<long long>(c.heads), static_cast<long long>(c.hdim), probe.ran.threads,
+              std::string(dtype_name(c.dtype)).c_str(), static_cast<long long>(c.heads), static_cast<long long>(c.hdim), probe.ran.threads,
               probe.ran.isa.c_str(), c.iters);
   std::mt19937_64 rng(12);
   for (const std::string& cell : c.cells) {

@@ -59,8 +59,21 @@ Outcome typed(const Error& e, ErrorCode want) {
   return {static_cast<int>(want), e.what(), {}};
 }
 
+// The call's options with its variant tensors attached (an unused one is a default view: absent).
+Options attach(const Options& base, const std::array<TensorView, kArgs>& v) {
+  Options o = base;
+  o.alibi_slopes = v[ALIBI];
+  o.sinks = v[SINKS];
+  o.dsinks = v[DSINKS];
+  o.cu_seqlens_q = v[CUQ];
+  o.cu_seqlens_k = v[CUK];
+  o.seqused_k = v[SEQUSED];
+  return o;
+}
+
 // Calls the API; a failure unless it returned or threw one of the documented subclasses.
-Outcome call_api(Op op, const std::array<TensorView, kArgs>& v, const Options& o) {
+Outcome call_api(Op op, const std::array<TensorView, kArgs>& v, const Options& options) {
+  const Options o = attach(options, v);
   Outcome r;
   try {
     switch (op) {
@@ -138,19 +151,38 @@ void check_neg_row(const Call& c, const char* who, const std::vector<double>& x,
 }
 
 // Agreement of a successful forward / backward with the oracle (clean views: the mutations were vacuous).
+// The oracle gets the call's own (clean) views; the yardstick reads varlen operands as one batch of packed rows.
 void check_results(const Call& c, const Arena& m, std::mt19937_64& rng, std::int64_t& precision_limited, bool semantics) {
-  const auto& v = m.clean;
-  Options ro;
+  Options ro = attach({}, m.clean);
   ro.softmax_scale = c.options.softmax_scale;
   ro.causal = c.options.causal;
   ro.window_size = c.options.window_size;
-  Problem pr{load(v[Q]), load(v[K]), load(v[V]), {}, 0.0f, c.options.causal, c.dtype, c.options.window_size};
+  ro.softcap = c.options.softcap;
+  ro.max_seqlen_q = c.options.max_seqlen_q;
+  ro.max_seqlen_k = c.options.max_seqlen_k;
+  ro.dsinks = {};
+  const auto& raw = m.clean;
+  std::array<TensorView, kArgs> v = raw;
+  for (int a = 0; a < ALIBI; ++a) v[static_cast<std::size_t>(a)] = as_batched(raw[static_cast<std::size_t>(a)], a == LSE);
+  Problem pr;
+  pr.q = load(v[Q]);
+  pr.k = load(v[K]);
+  pr.v = load(v[V]);
+  pr.causal = c.options.causal;
+  pr.dtype = c.dtype;
+  pr.window = c.options.window_size;
   pr.scale = c.options.softmax_scale ? *c.options.softmax_scale : 1.0f / std::sqrt(static_cast<float>(c.d));
+  pr.softcap = c.options.softcap;
+  if (c.t[ALIBI].used) pr.alibi = load_flat(v[ALIBI]), pr.alibi_batched = c.alibi_rank == 2;
+  if (c.t[SINKS].used) pr.sinks = load_flat(v[SINKS]);
+  pr.cu_q.assign(c.cu_q.begin(), c.cu_q.end());
+  pr.cu_k.assign(c.cu_k.begin(), c.cu_k.end());
+  pr.seqused.assign(c.seqused.begin(), c.seqused.end());
   if (c.op == Op::forward) {
     auto rows = sample_rows(c.sq, rng);
     const bool neg = semantics && c.neg_row_alone;
     if (neg && std::find(rows.begin(), rows.end(), c.neg_row[1]) == rows.end()) rows.back() = c.neg_row[1];
-    const auto ref = reference::forward_rows(v[Q], v[K], v[V], rows, ro);
+    const auto ref = reference::forward_rows(raw[Q], raw[K], raw[V], rows, ro);
     if (neg) {
       const auto ri = static_cast<std::int64_t>(std::find(rows.begin(), rows.end(), c.neg_row[1]) - rows.begin());
       const auto nr = static_cast<std::int64_t>(rows.size());
@@ -169,7 +201,7 @@ void check_results(const Call& c, const Arena& m, std::mt19937_64& rng, std::int
     return;
   }
   pr.dout = load(v[DOUT]);
-  const auto ref = reference::backward(v[Q], v[K], v[V], v[DOUT], ro);
+  const auto ref = reference::backward(raw[Q], raw[K], raw[V], raw[DOUT], ro);
   if (semantics && c.neg_row_alone) {
     const auto at = static_cast<std::size_t>(((c.neg_row[0] * c.sq + c.neg_row[1]) * c.hq + c.neg_row[2]) * c.d);
     check_neg_row(c, "FlashTile dq", load(v[DQ]).x, at, c.d, false);
@@ -184,6 +216,10 @@ void check_results(const Call& c, const Arena& m, std::mt19937_64& rng, std::int
   require(compare("dq", load(v[DQ]).x, sb.dq, ref.dq, c.dtype, std::max(mag, sb.abs_sum[0]), c.dtype), precision_limited);
   require(compare("dk", load(v[DK]).x, sb.dk, ref.dk, c.dtype, std::max(mag, sb.abs_sum[1]), c.dtype), precision_limited);
   require(compare("dv", load(v[DV]).x, sb.dv, ref.dv, c.dtype, std::max(mag, sb.abs_sum[2]), c.dtype), precision_limited);
+  if (c.t[DSINKS].used)
+    require(compare("dsinks", load_flat(v[DSINKS]), sb.dsinks, ref.dsinks, c.dtype,
+                    std::max(max_abs_finite(ref.dsinks) * (1.0 + lse + sb.score_scale), sb.abs_sum[3]), DType::float32),
+            precision_limited);
 }
 
 // out and lse of a backward call: a forward with the call's own options, as a user runs it.
@@ -194,7 +230,7 @@ void setup_backward(const Call& c, Arena& m, std::mt19937_64& rng) {
   for (const char* backend : {o.backend == "cpu-reference" ? "cpu-reference" : "auto", "cpu-reference"}) {
     o.backend = backend;
     try {
-      forward(m.view[Q], m.view[K], m.view[V], m.view[OUT], m.view[LSE], o);
+      forward(m.view[Q], m.view[K], m.view[V], m.view[OUT], m.view[LSE], attach(o, m.view));
       return;
     } catch (const Error&) {
     }
@@ -212,6 +248,7 @@ struct Stats {
   std::uint64_t calls = 0, ok = 0, explain_ok = 0, explain_none = 0, refused[5] = {}, failures = 0, mismatches = 0;
   std::int64_t precision_limited = 0;
   std::map<std::string, std::uint64_t> buckets;
+  std::map<std::string, std::uint64_t> checked_by_variant, faults_by_kind;  // oracle-checked calls; passed fault calls
 };
 
 // make_view: a valid shape gets row-major strides; more than 4 dims or a stride list of another length
@@ -290,8 +327,9 @@ std::string run_call(const Call& c, const Expect& e, Stats& st, std::mt19937_64&
     if (std::find(outs.begin(), outs.end(), static_cast<int>(b)) != outs.end()) continue;
     require(after[b] == before[b], "an input buffer was modified");
   }
-  for (int a : c.is_backward() ? std::vector<int>{DQ, DK, DV} : std::vector<int>{OUT, LSE}) {
+  for (int a : c.is_backward() ? std::vector<int>{DQ, DK, DV, DSINKS} : std::vector<int>{OUT, LSE}) {
     const TensorSpec& s = c.t[static_cast<std::size_t>(a)];
+    if (!s.used) continue;
     const auto b = static_cast<std::size_t>(m.block_of[static_cast<std::size_t>(a)]);
     std::vector<unsigned char> mask(after[b].size(), 0);
     const std::size_t es = dtype_size(s.dtype);
@@ -406,12 +444,18 @@ int run_fuzz(const std::vector<std::string>& argv) {
     try {
       const std::int64_t limited = st.precision_limited;
       std::string bucket = run_call(c, e, st, rng);
-      bucket.append("|").append(dtype_name(c.dtype)).append("|");
+      bucket.append("|").append(dtype_name(c.dtype)).append("|").append(c.variants()).append("|");
       if (c.faults.empty()) bucket.append("valid");
       for (std::size_t i = 0; i < c.faults.size(); ++i) bucket.append(i ? "+" : "").append(fault_name(c.faults[i]));
       if (!c.specials.empty()) bucket += c.neg_inf_row ? "|neg-inf-row" : "|special-values";
       if (st.precision_limited > limited) bucket += "|precision-limited";
       ++st.buckets[bucket];
+      if ((c.op == Op::forward || c.op == Op::backward) && bucket.find("|ok|") != std::string::npos) {
+        std::string v = c.variants() + "+";
+        for (std::size_t at = 0, plus; (plus = v.find('+', at)) != std::string::npos; at = plus + 1)
+          ++st.checked_by_variant[std::string(op_name(c.op)) + " " + v.substr(at, plus - at)];
+      }
+      for (Fault f : c.faults) ++st.faults_by_kind[fault_name(f)];
       if (a.verbose) std::printf("  -> %s\n", bucket.c_str());
     } catch (const Failure& f) {
       ++st.failures;
@@ -434,14 +478,18 @@ int run_fuzz(const std::vector<std::string>& argv) {
     }
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("\nbuckets (operation|outcome|error class or backend|isa|dtype|faults|special values): %zu distinct\n",
+  std::printf("\nbuckets (operation|outcome|error class or backend|isa|dtype|variants|faults|special values): %zu distinct\n",
               st.buckets.size());
   if (a.verbose || a.buckets)
     for (const auto& [k, n] : st.buckets) std::printf("  %8llu  %s\n", static_cast<unsigned long long>(n), k.c_str());
   std::printf("calls %llu: succeeded %llu (results checked against the oracle), explain ok %llu, explain nothing-runs %llu\n",
               static_cast<unsigned long long>(st.calls), static_cast<unsigned long long>(st.ok),
               static_cast<unsigned long long>(st.explain_ok), static_cast<unsigned long long>(st.explain_none));
-  std::printf("refused as due:");
+  std::printf("checked against the oracle, by operation and variant:");
+  for (const auto& [k, n] : st.checked_by_variant) std::printf(" %s %llu,", k.c_str(), static_cast<unsigned long long>(n));
+  std::printf("\ncalls with each injected fault, answered as due:");
+  for (const auto& [k, n] : st.faults_by_kind) std::printf(" %s %llu,", k.c_str(), static_cast<unsigned long long>(n));
+  std::printf("\nrefused as due:");
   for (int i = 0; i < 5; ++i) std::printf(" %s %llu", code_name(i), static_cast<unsigned long long>(st.refused[i]));
   std::printf("\nnon-finite results shared with standard attention in the same precision: %lld elements\n",
               static_cast<long long>(st.precision_limited));

@@ -11,7 +11,8 @@
 
 namespace flashtile::app::fuzz {
 
-const char* const kArgName[kArgs] = {"q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv"};
+const char* const kArgName[kArgs] = {"q",     "k",     "v",      "out",          "lse",          "dout",     "dq", "dk",
+                                     "dv",    "alibi_slopes", "sinks", "dsinks", "cu_seqlens_q", "cu_seqlens_k", "seqused_k"};
 
 const char* op_name(Op op) {
   switch (op) {
@@ -28,7 +29,8 @@ const char* fault_name(Fault f) {
   static const char* const names[] = {"dtype", "lse_dtype", "device", "device_index", "null_data", "misaligned",
                                       "neg_size", "neg_stride", "last_stride", "overflow_stride", "self_overlap",
                                       "rank", "shape", "head_dim", "gqa", "alias", "threads", "scale",
-                                      "unknown_backend", "bad_isa", "all_cuda", "window", "softcap"};
+                                      "unknown_backend", "bad_isa", "all_cuda", "window", "softcap", "variant_shape",
+                                      "variant_dtype", "cu_values", "max_seqlen", "seqused", "dsinks"};
   static_assert(sizeof(names) / sizeof(names[0]) == static_cast<std::size_t>(Fault::kCount));
   return names[static_cast<int>(f)];
 }
@@ -93,7 +95,7 @@ void layout(TensorSpec& s, Rng& r, bool may_broadcast) {
   for (int i = 0; i < last; ++i) order.push_back(i);
   const auto kind = r.u(100);
   const bool padded = (kind >= 50 && kind < 70) || kind >= 82;
-  if (kind >= 70 && kind < 82) std::swap(order[0], order[1]);  // [B, H, S, D] memory for q..dv, [H, B, S] for lse
+  if (kind >= 70 && kind < 82 && order.size() >= 2) std::swap(order[0], order[1]);  // [B, H, S, D] memory for q..dv, [H, B, S] for lse
   if (kind >= 82) std::shuffle(order.begin(), order.end(), r.g);
   s.stride[static_cast<std::size_t>(last)] = 1;
   std::int64_t st = std::max<std::int64_t>(s.shape[static_cast<std::size_t>(last)], 1) + (padded ? r.u(9) : 0);
@@ -102,7 +104,7 @@ void layout(TensorSpec& s, Rng& r, bool may_broadcast) {
     s.stride[dim] = st;
     st = st * std::max<std::int64_t>(s.shape[dim], 1) + (padded ? r.u(17) : 0);
   }
-  if (may_broadcast && kind >= 94) s.stride[static_cast<std::size_t>(r.u(last))] = 0;
+  if (may_broadcast && last > 0 && kind >= 94) s.stride[static_cast<std::size_t>(r.u(last))] = 0;
   if (r.chance(20))
     for (int i = 0; i <= last; ++i)
       if (s.shape[static_cast<std::size_t>(i)] == 1) s.stride[static_cast<std::size_t>(i)] = r.u(100000);
@@ -135,8 +137,67 @@ bool inject(Fault f, Call& c, Rng& r, const std::vector<std::string>& backends) 
   int a = -1;
   switch (f) {
     case Fault::dtype:
-      a = pick_arg(c, r, [](const TensorSpec&, int x) { return x != Q && x != LSE; });
+      a = pick_arg(c, r, [](const TensorSpec&, int x) { return x != Q && x != LSE && x < ALIBI; });
       t[static_cast<std::size_t>(a)].dtype = other_dtype(c.dtype, r);
+      return true;
+    case Fault::variant_dtype: {
+      if ((a = pick_arg(c, r, [](const TensorSpec&, int x) { return x >= ALIBI; })) < 0) return false;
+      TensorSpec& s = t[static_cast<std::size_t>(a)];
+      s.dtype = static_cast<DType>((static_cast<int>(s.dtype) + 1 + r.u(3)) % 4);  // any of the other three
+      return true;
+    }
+    case Fault::variant_shape: {
+      if ((a = pick_arg(c, r, [](const TensorSpec&, int x) { return x >= ALIBI; })) < 0) return false;
+      TensorSpec& s = t[static_cast<std::size_t>(a)];
+      auto& dim = s.shape[static_cast<std::size_t>(r.u(s.rank))];
+      dim += dim > 0 && r.chance(50) ? -1 : 1;
+      return true;
+    }
+    case Fault::cu_values: {  // the three ways a cu_seqlens array can be wrong
+      if (!c.varlen) return false;
+      auto& cu = r.chance(50) ? c.cu_q : c.cu_k;
+      const std::size_t n = cu.size();
+      const std::int64_t kind = r.u(3);
+      if (kind == 0) {
+        cu[0] = static_cast<std::int32_t>(1 + r.u(3));
+      } else if (kind == 1 && n >= 3) {
+        const auto at = static_cast<std::size_t>(1 + r.u(static_cast<std::int64_t>(n) - 2));
+        cu[at] = cu[at - 1] - static_cast<std::int32_t>(1 + r.u(2));
+      } else {
+        cu[n - 1] += static_cast<std::int32_t>(r.chance(50) ? 1 + r.u(3) : -1 - r.u(3));
+      }
+      return true;
+    }
+    case Fault::max_seqlen: {  // below the longest sequence of one side (that side has a non-empty one)
+      if (!c.varlen) return false;
+      auto longest = [](const std::vector<std::int32_t>& cu) {
+        std::int64_t m = 0;
+        for (std::size_t b = 1; b < cu.size(); ++b) m = std::max<std::int64_t>(m, cu[b] - cu[b - 1]);
+        return m;
+      };
+      const bool q_side = r.chance(50);
+      for (bool side : {q_side, !q_side}) {
+        const std::int64_t m = longest(side ? c.cu_q : c.cu_k);
+        if (m == 0) continue;
+        (side ? c.options.max_seqlen_q : c.options.max_seqlen_k) = r.u(m);
+        return true;
+      }
+      return false;
+    }
+    case Fault::seqused: {
+      if (!t[SEQUSED].used || c.seqused.empty()) return false;
+      const auto b = static_cast<std::size_t>(r.u(static_cast<std::int64_t>(c.seqused.size())));
+      const std::int64_t keys = c.varlen ? c.cu_k[b + 1] - c.cu_k[b] : c.sk;
+      c.seqused[b] = static_cast<std::int32_t>(r.chance(50) ? keys + 1 + r.u(3) : -1 - r.u(3));
+      return true;
+    }
+    case Fault::dsinks:  // the backward's dsinks missing with sinks, or given without them
+      if (!c.is_backward()) return false;
+      if (c.sinks) {
+        t[DSINKS].used = false;
+      } else {
+        t[DSINKS] = TensorSpec{true, false, DType::float32, 1, {c.hq, 0, 0, 0}, {1, 0, 0, 0}};
+      }
       return true;
     case Fault::lse_dtype:
       t[LSE].dtype = r.pick({DType::float16, DType::bfloat16});
@@ -191,12 +252,19 @@ bool inject(Fault f, Call& c, Rng& r, const std::vector<std::string>& backends) 
       c.mutations.push_back({Mutation::stride, a, dim, v});
       return true;
     }
-    case Fault::rank:
+    case Fault::rank: {  // any rank but the valid ones (and but 0 for an option, which would mean "absent")
       a = pick_arg(c, r, any);
-      c.mutations.push_back({Mutation::rank, a, 0, a == LSE ? r.pick<std::int64_t>({-1, 2, 4, 5}) : r.pick<std::int64_t>({-1, 0, 3, 5, 1000})});
+      const std::int64_t qlike = c.varlen ? 3 : 4;
+      std::vector<std::int64_t> bad;
+      for (std::int64_t k : {-1, 0, 1, 2, 3, 4, 5, 1000}) {
+        const bool valid = a == LSE ? k == qlike - 1 : a < ALIBI ? k == qlike : a == ALIBI ? (k == 1 || k == 2) : k == 1;
+        if (!valid && !(a >= ALIBI && k == 0)) bad.push_back(k);
+      }
+      c.mutations.push_back({Mutation::rank, a, 0, bad[static_cast<std::size_t>(r.u(static_cast<std::int64_t>(bad.size())))]});
       return true;
+    }
     case Fault::shape: {
-      a = pick_arg(c, r, [](const TensorSpec&, int x) { return x != Q; });
+      a = pick_arg(c, r, [](const TensorSpec&, int x) { return x != Q && x < ALIBI; });
       auto& dim = t[static_cast<std::size_t>(a)].shape[static_cast<std::size_t>(r.u(t[static_cast<std::size_t>(a)].rank))];
       dim += dim > 0 && r.chance(50) ? -1 : 1;
       return true;
@@ -244,6 +312,51 @@ bool inject(Fault f, Call& c, Rng& r, const std::vector<std::string>& backends) 
   return false;
 }
 
+// The variants beyond windows: softcap, ALiBi slopes ([Hq] or [B, Hq]), sinks, a varlen batch (cu_seqlens with
+// empty sequences, lengths bounded like the batched ones and the same cost cap) and seqused_k.
+void draw_variants(Call& c, Rng& r, int size_class, std::int64_t max_s, double cap) {
+  Options& o = c.options;
+  if (r.chance(20)) o.softcap = static_cast<float>(r.pick({0.05, 1.0, 5.0, 30.0, 50.0, 1e4}));
+  c.alibi_rank = r.chance(20) ? 1 + static_cast<int>(r.u(2)) : 0;
+  c.sinks = r.chance(20);
+  std::vector<std::int64_t> lq, lk;
+  if (r.chance(20)) {
+    c.varlen = true;
+    const std::int64_t nb = size_class == 0 ? r.pick<std::int64_t>({0, 1, 2, 3, 4}) : 1 + r.u(3);
+    for (std::int64_t b = 0; b < nb; ++b) {
+      lq.push_back(r.chance(20) ? 0 : seqlen(r, size_class, max_s));
+      lk.push_back(r.chance(30) ? lq.back() : r.chance(20) ? 0 : seqlen(r, size_class, max_s));
+    }
+    const double per_pair = static_cast<double>(c.hq) * static_cast<double>(c.d + c.dv);
+    for (;;) {
+      double cost = 0;
+      std::size_t big = 0;
+      for (std::size_t b = 0; b < lq.size(); ++b) {
+        cost += static_cast<double>(lq[b] * lk[b]) * per_pair;
+        if (lq[b] * lk[b] > lq[big] * lk[big]) big = b;
+      }
+      if (cost <= cap) break;
+      (lq[big] > lk[big] ? lq[big] : lk[big]) /= 2;
+    }
+    c.b = nb;
+    c.cu_q.assign(1, 0);
+    c.cu_k.assign(1, 0);
+    for (std::int64_t b = 0; b < nb; ++b) {
+      c.cu_q.push_back(static_cast<std::int32_t>(c.cu_q.back() + lq[static_cast<std::size_t>(b)]));
+      c.cu_k.push_back(static_cast<std::int32_t>(c.cu_k.back() + lk[static_cast<std::size_t>(b)]));
+    }
+    c.sq = c.cu_q.back();
+    c.sk = c.cu_k.back();
+    const std::int64_t mq = lq.empty() ? 0 : *std::max_element(lq.begin(), lq.end());
+    const std::int64_t mk = lk.empty() ? 0 : *std::max_element(lk.begin(), lk.end());
+    o.max_seqlen_q = mq + (r.chance(20) ? r.u(4) : 0);  // a generous bound is fine
+    o.max_seqlen_k = mk + (r.chance(20) ? r.u(4) : 0);
+  }
+  if (r.chance(15))
+    for (std::int64_t b = 0; b < c.b; ++b)
+      c.seqused.push_back(static_cast<std::int32_t>(r.u((c.varlen ? lk[static_cast<std::size_t>(b)] : c.sk) + 1)));
+}
+
 }  // namespace
 
 Call generate(std::uint64_t seed, std::uint64_t index, std::int64_t max_seqlen, const std::vector<std::string>& backends,
@@ -276,6 +389,7 @@ Call generate(std::uint64_t seed, std::uint64_t index, std::int64_t max_seqlen, 
     (c.sq > c.sk ? c.sq : c.sk) /= 2;
   // Options.
   Options& o = c.options;
+  draw_variants(c, r, size_class, max_seqlen, cap);
   o.causal = r.chance(50);
   if (r.chance(30))  // sliding windows, from one key to past the sequence, one side or both
     for (auto& side : o.window_size)
@@ -298,17 +412,33 @@ Call generate(std::uint64_t seed, std::uint64_t index, std::int64_t max_seqlen, 
   if (r.chance(2)) c.mutations.push_back({Mutation::device_index, -2, 0, 3});  // every tensor on cpu:3: valid
   // Tensors: q, k, v (+ dout) are inputs; out and lse are outputs of forward and inputs of backward.
   const bool bwd = c.is_backward();
-  const std::array<std::int64_t, 4> dims[kArgs] = {{c.b, c.sq, c.hq, c.d}, {c.b, c.sk, c.hkv, c.d}, {c.b, c.sk, c.hkv, c.dv},
-                                                   {c.b, c.sq, c.hq, c.dv}, {c.b, c.hq, c.sq, 0},    {c.b, c.sq, c.hq, c.dv},
-                                                   {c.b, c.sq, c.hq, c.d},  {c.b, c.sk, c.hkv, c.d}, {c.b, c.sk, c.hkv, c.dv}};
+  // Varlen: q-like operands [total, H, D] (the batch dim dropped), lse [Hq, total_q].
+  std::array<std::int64_t, 4> dims[kArgs] = {{c.b, c.sq, c.hq, c.d},  {c.b, c.sk, c.hkv, c.d}, {c.b, c.sk, c.hkv, c.dv},
+                                             {c.b, c.sq, c.hq, c.dv}, {c.b, c.hq, c.sq, 0},    {c.b, c.sq, c.hq, c.dv},
+                                             {c.b, c.sq, c.hq, c.d},  {c.b, c.sk, c.hkv, c.d}, {c.b, c.sk, c.hkv, c.dv},
+                                             {c.hq},                  {c.hq},                  {c.hq},
+                                             {c.b + 1},               {c.b + 1},               {c.b}};
+  if (c.alibi_rank == 2) dims[ALIBI] = {c.b, c.hq};
   for (int a = 0; a < kArgs; ++a) {
     TensorSpec& s = c.t[static_cast<std::size_t>(a)];
-    s.used = a <= LSE || bwd;
-    s.input = a <= V || a == DOUT || (bwd && a <= LSE);
-    s.dtype = a == LSE ? DType::float32 : c.dtype;
-    s.rank = a == LSE ? 3 : 4;
+    const bool variant = a >= ALIBI;
+    s.used = variant ? (a == ALIBI   ? c.alibi_rank > 0
+                        : a == SINKS ? c.sinks
+                        : a == DSINKS ? c.sinks && bwd
+                        : a == SEQUSED ? !c.seqused.empty() || (c.b == 0 && r.chance(15))
+                                       : c.varlen)
+                     : a <= LSE || bwd;
+    s.input = a <= V || a == DOUT || (bwd && a <= LSE) || (variant && a != DSINKS);
+    s.dtype = a >= CUQ ? DType::int32 : a == LSE || variant ? DType::float32 : c.dtype;
+    s.rank = a == ALIBI ? std::max(c.alibi_rank, 1) : variant ? 1 : a == LSE ? 3 : 4;
     s.shape = dims[a];
-    if (s.used) layout(s, r, a <= V || a == DOUT);  // out and lse of a backward come from a forward
+    if (c.varlen && !variant) {
+      s.rank -= 1;
+      for (int i = 0; i < 3; ++i) s.shape[static_cast<std::size_t>(i)] = s.shape[static_cast<std::size_t>(i + 1)];
+      s.shape[3] = 0;
+    }
+    // out and lse of a backward come from a forward; a broadcast alibi_slopes [B, Hq] has batch stride 0
+    if (s.used) layout(s, r, a <= V || a == DOUT || a == ALIBI);
   }
   // Injected faults: none in most calls, one or two in the rest.
   const auto nf = r.u(100) < 62 ? 0 : r.chance(82) ? 1 : 2;
@@ -326,7 +456,9 @@ Call generate(std::uint64_t seed, std::uint64_t index, std::int64_t max_seqlen, 
   // only: with an infinite dO the gradients depend on the formula (delta = rowsum(dO o O) in the kernels,
   // rowsum(P o dP) in the oracle: +-inf against NaN), and the README does not define them.
   const float scale = o.softmax_scale ? *o.softmax_scale : 1.0f / std::sqrt(static_cast<float>(std::max<std::int64_t>(c.d, 1)));
-  const bool moderate = std::abs(scale) <= 2.0f / std::sqrt(static_cast<float>(std::max<std::int64_t>(c.d, 1)));
+  // ALiBi and sinks shift scores far enough to underflow a probability at any scale.
+  const bool moderate = std::abs(scale) <= 2.0f / std::sqrt(static_cast<float>(std::max<std::int64_t>(c.d, 1))) &&
+                        c.alibi_rank == 0 && !c.sinks;
   if (r.chance(10))
     for (auto n = 1 + r.u(3); n > 0; --n) {
       const int a = bwd ? r.pick({Q, K, V, DOUT}) : r.pick({Q, K, V});
@@ -336,9 +468,10 @@ Call generate(std::uint64_t seed, std::uint64_t index, std::int64_t max_seqlen, 
       if ((a == V && !moderate) || a == DOUT) val = kNaN;
       c.specials.push_back({a, r.u(ne), val});
     }
-  if (r.chance(4) && c.faults.empty() && scale > 0 && c.b > 0 && c.sq > 0 && c.sk > 0 && c.hq > 0) {
+  if (r.chance(4) && c.faults.empty() && scale > 0 && c.b > 0 && c.sq > 0 && c.sk > 0 && c.hq > 0 && !c.varlen &&
+      o.softcap == 0.0f && !c.sinks) {
     // Row (b0, i0, h0): q = (-inf, 0, ..., 0) against keys whose first component is positive: every
-    // visible score is -inf.
+    // visible score is -inf (softcap would make them -c, a sink would give the row its LSE).
     c.neg_inf_row = true;
     c.neg_row_alone = c.specials.empty();
     const std::int64_t b0 = r.u(c.b), i0 = r.u(c.sq), h0 = r.u(c.hq), hk0 = h0 / (c.hq / c.hkv);
@@ -357,6 +490,10 @@ Expect expect(const Call& c, const std::vector<std::string>& backends) {
     unsigned cls = 1u << static_cast<int>(ErrorCode::invalid_argument);
     if (f == Fault::dtype || f == Fault::lse_dtype) cls = 1u << static_cast<int>(ErrorCode::dtype);
     if (f == Fault::device || f == Fault::device_index) cls = 1u << static_cast<int>(ErrorCode::device);
+    // Values of cu_seqlens / seqused_k live in device memory on a CUDA device: validation reads them on CPU only.
+    const bool value_fault = f == Fault::cu_values || f == Fault::max_seqlen || f == Fault::seqused;
+    if (value_fault && std::find(c.faults.begin(), c.faults.end(), Fault::all_cuda) != c.faults.end()) continue;
+    if (f == Fault::variant_dtype) cls = 1u << static_cast<int>(ErrorCode::dtype);
     if (f == Fault::bad_isa || f == Fault::all_cuda) {
       nothing = nothing || f == Fault::all_cuda || c.options.backend != "cpu-reference";
       // With CUDA compiled in, a CUDA backend may look at the pointers and name them host memory.
@@ -378,6 +515,21 @@ Expect expect(const Call& c, const std::vector<std::string>& backends) {
   return e;
 }
 
+std::string Call::variants() const {
+  std::string v;
+  auto add = [&v](bool on, const char* name) {
+    if (on) v.append(v.empty() ? "" : "+").append(name);
+  };
+  add(options.window_size[0] != -1 || options.window_size[1] != -1, "window");
+  add(options.softcap != 0.0f, "softcap");
+  add(alibi_rank == 1, "alibi(Hq)");
+  add(alibi_rank == 2, "alibi(B,Hq)");
+  add(sinks, "sinks");
+  add(varlen, "varlen");
+  add(!seqused.empty() || t[SEQUSED].used, "seqused_k");
+  return v.empty() ? "plain" : v;
+}
+
 std::string Call::describe() const {
   std::ostringstream s;
   s << op_name(op) << " " << dtype_name(dtype) << " B=" << b << " Sq=" << sq << " Sk=" << sk << " Hq=" << hq
@@ -386,6 +538,18 @@ std::string Call::describe() const {
     << (options.softmax_scale ? std::to_string(*options.softmax_scale) : "default") << " backend='" << options.backend
     << "'" << (options.strict ? " strict" : "") << (options.deterministic ? " deterministic" : "")
     << " threads=" << options.num_threads << " isa=" << (isa ? *isa : "(env)");
+  if (alibi_rank) s << " alibi[" << (alibi_rank == 2 ? "B, Hq" : "Hq") << "]";
+  if (sinks) s << " sinks";
+  if (varlen) {
+    s << " varlen max_seqlen=(" << options.max_seqlen_q << ", " << options.max_seqlen_k << ") cu_seqlens_q=";
+    for (std::size_t i = 0; i < cu_q.size(); ++i) s << (i ? "," : "") << cu_q[i];
+    s << " cu_seqlens_k=";
+    for (std::size_t i = 0; i < cu_k.size(); ++i) s << (i ? "," : "") << cu_k[i];
+  }
+  if (!seqused.empty()) {
+    s << " seqused_k=";
+    for (std::size_t i = 0; i < seqused.size(); ++i) s << (i ? "," : "") << seqused[i];
+  }
   s << "\n  faults:";
   for (Fault f : faults) s << " " << fault_name(f);
   if (neg_inf_row) s << " (row with all visible scores -inf)";

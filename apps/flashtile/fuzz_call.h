@@ -15,7 +15,9 @@
 
 namespace flashtile::app::fuzz {
 
-enum Arg { Q, K, V, OUT, LSE, DOUT, DQ, DK, DV, kArgs };
+// q..dv as in forward/backward; then the variants' tensors of Options: alibi_slopes, sinks, dsinks (a backward
+// output), cu_seqlens_q / _k and seqused_k (int32). Varlen calls pack q-like operands as [total, H, D].
+enum Arg { Q, K, V, OUT, LSE, DOUT, DQ, DK, DV, ALIBI, SINKS, DSINKS, CUQ, CUK, SEQUSED, kArgs };
 extern const char* const kArgName[kArgs];
 
 enum class Op { forward, backward, explain_forward, explain_backward, make_view };
@@ -25,7 +27,14 @@ const char* op_name(Op op);
 enum class Fault {
   dtype, lse_dtype, device, device_index, null_data, misaligned, neg_size, neg_stride, last_stride,
   overflow_stride, self_overlap, rank, shape, head_dim, gqa, alias, threads, scale, unknown_backend,
-  bad_isa, all_cuda, window, softcap, kCount
+  bad_isa, all_cuda, window, softcap,
+  variant_shape,  // alibi_slopes / sinks / dsinks / cu_seqlens / seqused_k of a wrong shape
+  variant_dtype,  // ... of a wrong dtype
+  cu_values,      // cu_seqlens not starting at 0, not non-decreasing, or not ending at the packed length
+  max_seqlen,     // max_seqlen_q / _k below a sequence's length (or negative)
+  seqused,        // seqused_k[b] outside [0, keys of sequence b]
+  dsinks,         // a backward with sinks and no dsinks, or dsinks without sinks
+  kCount
 };
 const char* fault_name(Fault f);
 
@@ -65,6 +74,10 @@ struct Call {
   std::vector<Mutation> mutations;
   std::vector<Special> specials;
   std::vector<Fault> faults;       // injected and not vacuous
+  int alibi_rank = 0;              // alibi_slopes: 0 none, 1 [Hq], 2 [B, Hq]
+  bool sinks = false;              // sinks [Hq] (and dsinks in a backward)
+  bool varlen = false;             // packed: b sequences, sq = total_q, sk = total_k
+  std::vector<std::int32_t> cu_q, cu_k, seqused;  // the values of CUQ, CUK, SEQUSED
   bool neg_inf_row = false;        // a row built so that every visible score is -inf
   bool neg_row_alone = false;      // ... and no other special value in the inputs
   std::array<std::int64_t, 3> neg_row{};  // its (batch, query row, head)
@@ -72,6 +85,8 @@ struct Call {
 
   bool is_backward() const { return op == Op::backward || op == Op::explain_backward; }
   std::string describe() const;
+  // The variants drawn, "window+softcap+alibi(B,Hq)+sinks+varlen+seqused_k", or "plain".
+  std::string variants() const;
 };
 
 // What the library must answer.

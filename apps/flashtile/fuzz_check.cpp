@@ -18,10 +18,30 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 // Rounds a float to the dtype (round to nearest even), as a framework storing the tensor does.
 float rd(DType t, float x) { return flashtile::detail::round_to(t, x); }
 
-// Visible keys of query row i are [lo, hi): the definition (bottom-right aligned window, causal = right 0),
-// written from the README, not taken from the library.
-std::pair<std::int64_t, std::int64_t> key_range(const Problem& pr, std::int64_t i) {
-  const std::int64_t sq = pr.q.s, sk = pr.k.s, diag = i + sk - sq;
+// Where query row i of batch b lives: its sequence, its row inside it, the sequence's lengths and the
+// packed row of its first key. Batched calls: sequence b, row i; varlen calls (b = 0, i a packed row): the
+// sequence whose rows [cu_q[s], cu_q[s + 1]) hold i (an empty sequence holds none). seqused_k shortens Sk.
+struct Seq {
+  std::int64_t b = 0, i = 0, sq = 0, sk = 0, k0 = 0;
+};
+Seq locate(const Problem& pr, std::int64_t b, std::int64_t i) {
+  Seq s{b, i, pr.q.s, pr.k.s, 0};
+  if (!pr.cu_q.empty()) {
+    s.b = (std::upper_bound(pr.cu_q.begin(), pr.cu_q.end(), i) - pr.cu_q.begin()) - 1;
+    const auto sb = static_cast<std::size_t>(s.b);
+    s.i = i - pr.cu_q[sb];
+    s.sq = pr.cu_q[sb + 1] - pr.cu_q[sb];
+    s.k0 = pr.cu_k[sb];
+    s.sk = pr.cu_k[sb + 1] - pr.cu_k[sb];
+  }
+  if (!pr.seqused.empty()) s.sk = pr.seqused[static_cast<std::size_t>(s.b)];
+  return s;
+}
+
+// Visible keys of query row s.i are [lo, hi) of its sequence: the definition (bottom-right aligned window,
+// causal = right 0), written from the README, not taken from the library.
+std::pair<std::int64_t, std::int64_t> key_range(const Problem& pr, const Seq& q) {
+  const std::int64_t sk = q.sk, diag = q.i + sk - q.sq;
   const std::int64_t left = pr.window[0], right = pr.causal ? 0 : pr.window[1];
   const std::int64_t lo = left < 0 ? 0 : std::clamp<std::int64_t>(diag - left, 0, sk);
   const std::int64_t hi = right < 0 ? sk : std::clamp<std::int64_t>(diag + right + 1, 0, sk);
@@ -29,30 +49,50 @@ std::pair<std::int64_t, std::int64_t> key_range(const Problem& pr, std::int64_t 
 }
 
 // One softmax row of standard attention. Returns false for a row that contributes nothing (no visible
-// key, or every visible score -inf and none NaN); then out = 0 and lse = -inf.
+// key, or every visible score -inf and none NaN, and no sink); then out = 0 and lse = -inf. With a sink
+// such a row has lse = sink and P = 0.
 struct Row {
-  std::int64_t lo = 0;   // the first visible key: entry j below is key lo + j
+  std::int64_t lo = 0;   // the first visible key (packed row in varlen): entry j below is key lo + j
   std::vector<float> p;  // rounded probabilities of the visible keys
+  std::vector<float> dcap;  // softcap: d(capped score)/d(score) = 1 - tanh^2, per visible key
   float lse = -kInf;
+  float psink = 0.0f;    // exp(sink - lse): the sink's probability
   bool active = false;
   // The same row in float64 without rounding (scores, probabilities, LSE): the size of the terms the
   // tolerance is built from, which must not overflow where the dtype's standard attention does.
   std::vector<double> sx, px;
-  double lsex = 0;
+  double lsex = 0, psinkx = 0;
 };
+
+// The score hook as an eager framework writes it (torch: s / c, tanh, * c, then - bias), each op rounded
+// to the dtype; dcap gets the softcap derivative 1 - tanh^2 in float32.
+float hook(const Problem& pr, float x, double bias, float& dcap) {
+  const DType t = pr.dtype;
+  dcap = 1.0f;
+  if (pr.softcap > 0.0f) {
+    const float th = rd(t, std::tanh(rd(t, x / pr.softcap)));
+    dcap = 1.0f - th * th;
+    x = rd(t, th * pr.softcap);
+  }
+  return pr.alibi.empty() ? x : rd(t, x - static_cast<float>(bias));
+}
 
 Row softmax_row(const Problem& pr, std::int64_t b, std::int64_t h, std::int64_t i, double& score_scale) {
   const DType t = pr.dtype;
   const std::int64_t group = pr.q.h / pr.k.h, hk = h / group;
-  const auto [lo, hi] = key_range(pr, i);
+  const Seq sq = locate(pr, b, i);
+  const auto [lo, hi] = key_range(pr, sq);
+  const double slope = pr.alibi.empty() ? 0.0
+                       : pr.alibi[static_cast<std::size_t>((pr.alibi_batched ? sq.b * pr.q.h : 0) + h)];
   Row r;
-  r.lo = lo;
+  r.lo = sq.k0 + lo;
   std::vector<float> s(static_cast<std::size_t>(hi - lo));
+  r.dcap.resize(s.size());
   float m = -kInf;
   bool nan = false;
   const double* qi = pr.q.at(b, i, h);
   for (std::int64_t j = 0; j < hi - lo; ++j) {
-    const double* kj = pr.k.at(b, lo + j, hk);
+    const double* kj = pr.k.at(b, r.lo + j, hk);
     float acc = 0.0f;
     double mag = 0.0;
     for (std::int64_t c = 0; c < pr.q.d; ++c) {
@@ -60,31 +100,41 @@ Row softmax_row(const Problem& pr, std::int64_t b, std::int64_t h, std::int64_t 
       const double a = std::abs(qi[c] * kj[c]);
       if (std::isfinite(a)) mag += a;
     }
-    score_scale = std::max(score_scale, std::abs(static_cast<double>(pr.scale)) * mag);
-    const float x = rd(t, acc * pr.scale);
+    const double bias = slope * static_cast<double>(std::abs(sq.i + sq.sk - sq.sq - (lo + j)));
+    score_scale = std::max(score_scale, std::abs(static_cast<double>(pr.scale)) * mag + std::abs(bias));
+    const float x = hook(pr, rd(t, acc * pr.scale), bias, r.dcap[static_cast<std::size_t>(j)]);
     double exact = 0.0;
     for (std::int64_t c = 0; c < pr.q.d; ++c) exact += qi[c] * kj[c];
-    r.sx.push_back(static_cast<double>(pr.scale) * exact);
+    exact *= static_cast<double>(pr.scale);
+    if (pr.softcap > 0.0f) exact = pr.softcap * std::tanh(exact / pr.softcap);
+    r.sx.push_back(exact - bias);
     s[static_cast<std::size_t>(j)] = x;
     nan = nan || std::isnan(x);
     if (!std::isnan(x)) m = std::max(m, x);
   }
-  const double mx = r.sx.empty() ? -kInf : *std::max_element(r.sx.begin(), r.sx.end());
+  const bool sink = !pr.sinks.empty();
+  const double sinkx = sink ? pr.sinks[static_cast<std::size_t>(h)] : -kInf;
+  double mx = r.sx.empty() ? -kInf : *std::max_element(r.sx.begin(), r.sx.end());
+  mx = std::max(mx, sinkx);
   const bool exact_defined = std::none_of(r.sx.begin(), r.sx.end(), [](double x) { return std::isnan(x); }) &&
                              mx > -kInf && mx < kInf;
   if (exact_defined) {  // else the exact row is NaN or empty: no finite magnitude to take from it
-    double lx = 0.0;
+    double lx = sink ? std::exp(sinkx - mx) : 0.0;
     for (double x : r.sx) r.px.push_back(std::exp(x - mx)), lx += r.px.back();
     for (double& x : r.px) x /= lx;
     r.lsex = mx + std::log(lx);
+    r.psinkx = sink ? std::exp(sinkx - r.lsex) : 0.0;
   }
-  if (!nan && m == -kInf) return r;
+  if (!nan && m == -kInf && !sink) return r;
   r.active = true;
-  float l = 0.0f;
+  const float sk = static_cast<float>(sinkx);
+  if (sink && !nan) m = std::max(m, sk);
+  float l = sink ? std::exp(sk - m) : 0.0f;
   for (float& x : s) l += (x = std::exp(x - m));
   r.p.resize(s.size());
   for (std::size_t j = 0; j < s.size(); ++j) r.p[j] = rd(t, s[j] / l);
   r.lse = m + std::log(l);
+  r.psink = sink ? std::exp(sk - r.lse) : 0.0f;
   return r;
 }
 
@@ -93,9 +143,32 @@ Row softmax_row(const Problem& pr, std::int64_t b, std::int64_t h, std::int64_t 
 double eps(DType t) { return flashtile::detail::eps(t); }
 
 double read_elem(const TensorView& t, std::int64_t i0, std::int64_t i1, std::int64_t i2, std::int64_t i3) {
-  const std::int64_t off = i0 * t.stride[0] + i1 * t.stride[1] + i2 * t.stride[2] + (t.rank == 4 ? i3 * t.stride[3] : 0);
+  const std::int64_t idx[4] = {i0, i1, i2, i3};
+  std::int64_t off = 0;
+  for (int d = 0; d < t.rank; ++d) off += idx[d] * t.stride[static_cast<std::size_t>(d)];
   const auto* p = static_cast<const unsigned char*>(t.data) + off * static_cast<std::int64_t>(dtype_size(t.dtype));
   return flashtile::detail::load_element(p, t.dtype);
+}
+
+std::vector<double> load_flat(const TensorView& t) {
+  std::vector<double> out;
+  const std::int64_t n0 = t.shape[0], n1 = t.rank == 2 ? t.shape[1] : 1;
+  for (std::int64_t i = 0; i < n0; ++i)
+    for (std::int64_t j = 0; j < n1; ++j) out.push_back(read_elem(t, i, j));
+  return out;
+}
+
+TensorView as_batched(const TensorView& t, bool lse) {
+  if (t.rank != (lse ? 2 : 3)) return t;
+  TensorView v = t;
+  v.rank = t.rank + 1;
+  for (int d = t.rank; d > 0; --d) {
+    v.shape[static_cast<std::size_t>(d)] = t.shape[static_cast<std::size_t>(d - 1)];
+    v.stride[static_cast<std::size_t>(d)] = t.stride[static_cast<std::size_t>(d - 1)];
+  }
+  v.shape[0] = 1;
+  v.stride[0] = 0;
+  return v;
 }
 
 Dense load(const TensorView& t) {
@@ -156,11 +229,12 @@ StdBackward standard_backward(const Problem& pr) {
   g.dq.assign(pr.q.x.size(), 0.0);
   g.dk.assign(pr.k.x.size(), 0.0);
   g.dv.assign(pr.v.x.size(), 0.0);
+  g.dsinks.assign(pr.sinks.size(), 0.0);
   if (pr.k.h == 0) return g;
   const DType t = pr.dtype;
   const std::int64_t nh = pr.q.h, group = nh / pr.k.h, d = pr.q.d, dv = pr.v.d;
-  std::vector<double> abs_sum[3] = {std::vector<double>(g.dq.size()), std::vector<double>(g.dk.size()),
-                                    std::vector<double>(g.dv.size())};
+  std::vector<double> abs_sum[4] = {std::vector<double>(g.dq.size()), std::vector<double>(g.dk.size()),
+                                    std::vector<double>(g.dv.size()), std::vector<double>(g.dsinks.size())};
   auto idx = [](const Dense& x, std::int64_t b, std::int64_t s, std::int64_t h) {
     return static_cast<std::size_t>(((b * x.s + s) * x.h + h) * x.d);
   };
@@ -177,13 +251,26 @@ StdBackward standard_backward(const Problem& pr) {
         // O in the dtype, then delta = rowsum(dO ∘ O) in float32, as autograd computes it.
         float delta = 0.0f;
         double delta_terms = 0.0;  // sum_c |dO_c O_c|
+        double o_terms = 0.0;      // sum_c |dO_c| sum_j P_j |v_jc|: the size of O's rounding, seen by dsinks
         for (std::int64_t c = 0; c < dv; ++c) {
           float o = 0.0f;
-          double ox = 0.0;
+          double ox = 0.0, oa = 0.0;
           for (std::size_t j = 0; j < r.p.size(); ++j) o += r.p[j] * static_cast<float>(pr.v.at(b, r.lo + static_cast<std::int64_t>(j), hk)[c]);
-          for (std::size_t j = 0; j < r.px.size(); ++j) ox += r.px[j] * pr.v.at(b, r.lo + static_cast<std::int64_t>(j), hk)[c];
+          for (std::size_t j = 0; j < r.px.size(); ++j) {
+            const double vc = pr.v.at(b, r.lo + static_cast<std::int64_t>(j), hk)[c];
+            ox += r.px[j] * vc;
+            oa += r.px[j] * std::abs(vc);
+          }
           delta += static_cast<float>(gi[c] * rd(t, o));
           delta_terms += std::abs(gi[c] * ox);
+          o_terms += std::abs(gi[c]) * oa;
+        }
+        // dL/dsink_h = -sum_i P_sink,i delta_i (the sink adds no value; its score's gradient is P (0 - delta)).
+        if (!pr.sinks.empty()) {
+          const auto hs = static_cast<std::size_t>(h);
+          if (r.active) g.dsinks[hs] -= static_cast<double>(r.psink * delta);
+          if (exact && r.psinkx > 0)
+            abs_sum[3][hs] += r.psinkx * (delta_terms + o_terms) * (1.0 + std::abs(pr.sinks[hs]) + std::abs(r.lsex));
         }
         for (std::size_t jj = 0; jj < r.sx.size(); ++jj) {
           const auto j = r.lo + static_cast<std::int64_t>(jj);
@@ -194,12 +281,14 @@ StdBackward standard_backward(const Problem& pr) {
             dp += static_cast<float>(gi[c] * vj[c]);
             dp_terms += std::abs(gi[c] * vj[c]);
           }
-          const float ds = r.active ? rd(t, r.p[jj] * (rd(t, dp) - delta)) * pr.scale : 0.0f;
+          // Softcap: the chain rule through c tanh(s / c) multiplies by 1 - tanh^2 (ALiBi's bias is constant).
+          const float ds = r.active ? rd(t, rd(t, r.p[jj] * (rd(t, dp) - delta)) * r.dcap[jj]) * pr.scale : 0.0f;
           const float pj = r.active ? r.p[jj] : 0.0f;
           // dS = P (dP - delta) cancels (to exactly 0 under a one-hot softmax); its rounding is that of the
           // products summed into dP and delta, |scale| P (sum |dO_c v_c| + sum |dO_c O_c|), and P, recomputed
-          // as exp(s - LSE), carries a relative error of eps (|s| + |LSE|): hence the factor `recompute`.
-          const double recompute = 1.0 + std::abs(r.sx[jj]) + std::abs(r.lsex);
+          // as exp(s - LSE), carries a relative error of eps (|s| + |LSE|): hence the factor `recompute`
+          // (a capped score's own rounding is at most eps c on top).
+          const double recompute = 1.0 + std::abs(r.sx[jj]) + std::abs(r.lsex) + static_cast<double>(pr.softcap);
           const double px = exact ? r.px[jj] : 0.0;
           const double ds_terms =  // a key of P = 0 (score -inf) adds no term, though |s| is infinite
               px > 0 ? std::abs(static_cast<double>(pr.scale)) * px * (dp_terms + delta_terms) * recompute : 0.0;
@@ -223,12 +312,13 @@ StdBackward standard_backward(const Problem& pr) {
           }
         }
       }
-  for (int n = 0; n < 3; ++n) {
+  for (int n = 0; n < 4; ++n) {
     for (double e : abs_sum[n])
       if (std::isfinite(e)) g.abs_sum[n] = std::max(g.abs_sum[n], e);
   }
   for (auto* x : {&g.dq, &g.dk, &g.dv})
     for (double& e : *x) e = rd(t, static_cast<float>(e));
+  for (double& e : g.dsinks) e = static_cast<float>(e);  // dsinks is float32 whatever the dtype
   return g;
 }
 

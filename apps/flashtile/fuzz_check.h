@@ -13,8 +13,13 @@
 namespace flashtile::app::fuzz {
 
 // One element of a view as double, read with memcpy (any alignment): (i0, i1, i2, i3) of a rank-4 view,
-// (i0, i1, i2) of a rank-3 one.
-double read_elem(const TensorView& t, std::int64_t i0, std::int64_t i1, std::int64_t i2, std::int64_t i3 = 0);
+// (i0, i1, i2) of a rank-3 one, (i0, i1) of a rank-2 one, (i0) of a rank-1 one.
+double read_elem(const TensorView& t, std::int64_t i0, std::int64_t i1 = 0, std::int64_t i2 = 0, std::int64_t i3 = 0);
+// A rank-1 or rank-2 view's elements in row-major order (alibi_slopes, sinks, cu_seqlens, seqused_k).
+std::vector<double> load_flat(const TensorView& t);
+// A packed varlen operand [total, H, D] seen as [1, total, H, D], and lse [Hq, total_q] as [1, Hq, total_q]
+// (batch stride 0): the batched readers below then read varlen calls too. Other views are returned as they are.
+TensorView as_batched(const TensorView& t, bool lse);
 
 // A [B, S, H, D] view copied to contiguous doubles (the dtype's exact values).
 struct Dense {
@@ -29,11 +34,17 @@ std::vector<double> load_rows(const TensorView& t, const std::vector<std::int64_
 std::vector<double> load_lse_rows(const TensorView& t, const std::vector<std::int64_t>& rows);
 
 struct Problem {
-  Dense q, k, v, dout;  // dout empty for a forward
+  Dense q, k, v, dout;  // dout empty for a forward; varlen: [1, total, H, D] (as_batched)
   float scale = 1.0f;
   bool causal = false;
   DType dtype = DType::float32;
   std::array<std::int64_t, 2> window{-1, -1};  // Options::window_size
+  float softcap = 0.0f;                        // 0 = off
+  std::vector<double> alibi;                   // slopes [Hq] or [B, Hq] (alibi_batched); empty = off
+  bool alibi_batched = false;
+  std::vector<double> sinks;                   // [Hq]; empty = off
+  std::vector<std::int64_t> cu_q, cu_k;        // varlen: [B + 1] each; empty = batched
+  std::vector<std::int64_t> seqused;           // seqused_k [B]; empty = every key
 };
 
 // Standard attention as an eager framework computes it in the call's dtype: float32 arithmetic, S, P, O,
@@ -49,13 +60,16 @@ struct StdForward {
 StdForward standard_forward(const Problem& p, const std::vector<std::int64_t>& rows);
 struct StdBackward {
   std::vector<double> dq, dk, dv;
+  std::vector<double> dsinks;  // [Hq] with sinks: -sum_i exp(sink_h - LSE_i) delta_i
   double score_scale = 0;
   // Largest sum of |terms| of one gradient element, for dq, dk, dv, from the float64 row (no overflow):
   // dq_i: |scale| sum_j P_ij (sum_c |dO_ic v_jc| + sum_c |dO_ic O_ic|) r_ij |k_j|, dk likewise with q,
   // dv_j: sum_i P_ij |dO_i| r_ij, where r_ij = 1 + |s_ij| + |LSE_i| is the relative error of P recomputed
   // as exp(s - LSE) in units of eps. A gradient that cancels to a small value (or to 0 under a one-hot
-  // softmax) still carries the rounding of the terms it was made from.
-  double abs_sum[3] = {0, 0, 0};
+  // softmax) still carries the rounding of the terms it was made from. With softcap, |s| is the capped score
+  // and r_ij adds c. abs_sum[3], dsinks_h: sum_i P_sink,i (sum_c |dO_ic O_ic| + sum_c |dO_ic| sum_j P_ij |v_jc|)
+  // (1 + |sink_h| + |LSE_i|).
+  double abs_sum[4] = {0, 0, 0, 0};
 };
 StdBackward standard_backward(const Problem& p);
 

@@ -23,14 +23,18 @@ void Block::poison([[maybe_unused]] bool on) {
 }
 
 std::uint32_t pattern(DType t, bool sentinel) {
-  if (t == DType::float32) return sentinel ? 0x7FA5A5A5u : 0x7FC00000u;
+  // float32, and int32 index tensors (their padding then reads as a huge index)
+  if (dtype_size(t) == 4) return sentinel ? 0x7FA5A5A5u : 0x7FC00000u;
   if (t == DType::float16) return sentinel ? 0x7D5Au : 0x7E00u;
   return sentinel ? 0x7F9Bu : 0x7FC0u;
 }
 
 void write_elem(unsigned char* p, DType t, double x) {
   const float f = static_cast<float>(x);
-  if (t == DType::float32) {
+  if (t == DType::int32) {
+    const auto i = static_cast<std::int32_t>(std::isfinite(x) ? std::clamp(x, -2e9, 2e9) : 0.0);
+    std::memcpy(p, &i, 4);
+  } else if (t == DType::float32) {
     std::memcpy(p, &f, 4);
   } else if (t == DType::float16) {
     const _Float16 h = static_cast<_Float16>(f);
@@ -70,6 +74,20 @@ double normal(std::mt19937_64& rng) {
   return (s - 2.0) * 1.7320508075688772;
 }
 
+// An input's value at logical index n: the call's cu_seqlens / seqused_k entries (an extra entry of a wrong
+// shape reads 0), ALiBi slopes of either sign around 0.25, sink logits around 0 with spread 2, else N(0, 1).
+double input_value(const Call& c, int a, std::size_t n, std::mt19937_64& rng) {
+  auto entry = [n](const std::vector<std::int32_t>& x) { return n < x.size() ? x[n] : 0; };
+  switch (a) {
+    case CUQ: return entry(c.cu_q);
+    case CUK: return entry(c.cu_k);
+    case SEQUSED: return entry(c.seqused);
+    case ALIBI: return 0.25 * normal(rng);
+    case SINKS: return 2.0 * normal(rng);
+    default: return normal(rng);
+  }
+}
+
 Arena::Arena(const Call& c, std::mt19937_64& rng) {
   block_of.fill(-1);
   for (int a = 0; a < kArgs; ++a) {
@@ -89,18 +107,20 @@ Arena::Arena(const Call& c, std::mt19937_64& rng) {
     if (s.host >= 0) block_of[static_cast<std::size_t>(a)] = block_of[static_cast<std::size_t>(s.host)];
     unsigned char* base = blocks[static_cast<std::size_t>(block_of[static_cast<std::size_t>(a)])]->data();
     if (s.host < 0) {  // an alias keeps its host's bytes
+      std::size_t n = 0;
       const bool sentinel = !s.input || (c.is_backward() && (a == OUT || a == LSE));
       for (std::size_t off : elems[static_cast<std::size_t>(a)]) {
         if (sentinel) write_bits(base + off, s.dtype, pattern(s.dtype, true));
-        else write_elem(base + off, s.dtype, normal(rng));
+        else write_elem(base + off, s.dtype, input_value(c, a, n, rng));
+        ++n;
       }
     }
     TensorView& v = clean[static_cast<std::size_t>(a)];
-    if (s.rank == 4)
-      v = make_view(base + s.offset, s.dtype, {s.shape[0], s.shape[1], s.shape[2], s.shape[3]},
-                    {s.stride[0], s.stride[1], s.stride[2], s.stride[3]});
-    else
-      v = make_view(base + s.offset, s.dtype, {s.shape[0], s.shape[1], s.shape[2]}, {s.stride[0], s.stride[1], s.stride[2]});
+    v.data = base + s.offset;
+    v.dtype = s.dtype;
+    v.rank = s.rank;
+    v.shape = s.shape;
+    v.stride = s.stride;
     if (s.numel() == 0 && rng() % 4 == 0) v.data = nullptr;  // allowed: no element to point at
   }
   for (const Special& sp : c.specials) {
@@ -125,7 +145,7 @@ Arena::Arena(const Call& c, std::mt19937_64& rng) {
 }
 
 void Arena::write_bits(unsigned char* p, DType t, std::uint32_t bits) {
-  if (t == DType::float32) std::memcpy(p, &bits, 4);
+  if (dtype_size(t) == 4) std::memcpy(p, &bits, 4);
   else {
     const auto h = static_cast<std::uint16_t>(bits);
     std::memcpy(p, &h, 2);
@@ -142,7 +162,8 @@ std::vector<std::vector<unsigned char>> Arena::snapshot() const {
 }
 std::vector<int> Arena::output_blocks(const Call& c) const {
   std::vector<int> v;
-  for (int a : c.is_backward() ? std::vector<int>{DQ, DK, DV} : std::vector<int>{OUT, LSE}) v.push_back(block_of[static_cast<std::size_t>(a)]);
+  for (int a : c.is_backward() ? std::vector<int>{DQ, DK, DV, DSINKS} : std::vector<int>{OUT, LSE})
+    if (c.t[static_cast<std::size_t>(a)].used) v.push_back(block_of[static_cast<std::size_t>(a)]);
   return v;
 }
 

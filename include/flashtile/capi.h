@@ -11,6 +11,7 @@
 #ifndef FLASHTILE_CAPI_H
 #define FLASHTILE_CAPI_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #if defined(__GNUC__)
@@ -52,6 +53,44 @@ FT_CAPI_EXPORT int ft_backward(const ft_tensor* q, const ft_tensor* k, const ft_
                                const ft_tensor* dout, const ft_tensor* lse, const ft_tensor* dq, const ft_tensor* dk,
                                const ft_tensor* dv, int dtype, int device, double scale, int causal,
                                int deterministic, const char* backend, int strict, char* msg, int msg_len);
+
+/* The variants (window, softcap, ALiBi, sinks, varlen, seqused_k), with the semantics of the C++ Options fields of
+ * the same names (docs/semantics.md). Passed by pointer to ft_forward_ex / ft_backward_ex; NULL = none of them.
+ *
+ * ABI: set struct_size = sizeof(ft_variants) as your header declares it (FT_VARIANTS_INIT does). The library reads
+ * the fields that struct_size covers and gives any later field (a newer header's) its default, so callers built
+ * against this header keep working when fields are appended. It refuses (FT_ERR_INVALID_ARGUMENT) a struct_size
+ * below this first version's, and a larger one whose bytes past the fields it knows are not all zero: a newer
+ * caller asking for something this library cannot do.
+ *
+ * Tensors: NULL = absent. alibi_slopes, sinks and dsinks are float32, cu_seqlens_q / _k and seqused_k int32, all in
+ * the memory that `device` names. With cu_seqlens_q and cu_seqlens_k (a packed batch of B sequences) q, k, v, out,
+ * dout, dq, dk and dv have rank 3 ([total_q, Hq, D], [total_k, Hkv, D], ...) and lse rank 2 ([Hq, total_q]). */
+typedef struct ft_variants {
+  uint64_t struct_size;
+  int64_t window_left, window_right; /* sliding window, -1 = unbounded; causal = 1 means window_right = 0 */
+  double softcap;                    /* s = softcap * tanh(s / softcap); 0 = off; finite and >= 0 */
+  const ft_tensor* alibi_slopes;     /* [Hq] or [B, Hq]: s -= slope * |i + Sk - Sq - j| */
+  const ft_tensor* sinks;            /* [Hq]: one logit per query head in the softmax's denominator */
+  const ft_tensor* dsinks;           /* [Hq]: backward output dL/dsinks, required there with sinks; forward ignores it */
+  const ft_tensor* cu_seqlens_q;     /* [B + 1]: sequence b owns packed rows cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1 */
+  const ft_tensor* cu_seqlens_k;     /* [B + 1] */
+  const ft_tensor* seqused_k;        /* [B]: keys of sequence b that are used (varlen or batched) */
+  int64_t max_seqlen_q, max_seqlen_k; /* varlen: no sequence longer than these */
+} ft_variants;
+
+#define FT_VARIANTS_INIT {sizeof(ft_variants), -1, -1, 0.0, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0}
+
+/* ft_forward / ft_backward with the variants; variants NULL gives exactly ft_forward / ft_backward. */
+FT_CAPI_EXPORT int ft_forward_ex(const ft_tensor* q, const ft_tensor* k, const ft_tensor* v, const ft_tensor* out,
+                                 const ft_tensor* lse, int dtype, int device, double scale, int causal,
+                                 const char* backend, int strict, const ft_variants* variants, char* msg, int msg_len);
+
+FT_CAPI_EXPORT int ft_backward_ex(const ft_tensor* q, const ft_tensor* k, const ft_tensor* v, const ft_tensor* out,
+                                  const ft_tensor* dout, const ft_tensor* lse, const ft_tensor* dq, const ft_tensor* dk,
+                                  const ft_tensor* dv, int dtype, int device, double scale, int causal,
+                                  int deterministic, const char* backend, int strict, const ft_variants* variants,
+                                  char* msg, int msg_len);
 
 #ifdef __cplusplus
 }

@@ -4,10 +4,13 @@
 #include "flashtile/capi.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <sstream>
 #include <string>
 
 #include "flashtile/flashtile.h"
@@ -77,6 +80,52 @@ flashtile::Options options(double scale, bool causal, bool deterministic, const 
   return o;
 }
 
+// The caller's ft_variants as this library knows it (see capi.h, "ABI"): the fields its struct_size covers, the
+// defaults for the rest; refused when smaller than the first version or when unknown trailing bytes are set.
+ft_variants read_variants(const ft_variants* x) {
+  std::uint64_t size = 0;
+  std::memcpy(&size, x, sizeof size);
+  constexpr std::uint64_t kFirst = offsetof(ft_variants, max_seqlen_k) + sizeof(std::int64_t);  // version 1
+  if (size < kFirst)
+    throw InvalidArgument("variants: struct_size must be at least " + std::to_string(kFirst) +
+                          " (sizeof(ft_variants) of the first version), got " + std::to_string(size));
+  ft_variants v = FT_VARIANTS_INIT;
+  std::memcpy(&v, x, static_cast<std::size_t>(std::min<std::uint64_t>(size, sizeof v)));
+  const auto* bytes = reinterpret_cast<const unsigned char*>(x);
+  for (std::uint64_t i = sizeof v; i < size; ++i)
+    if (bytes[i] != 0)
+      throw InvalidArgument("variants: struct_size " + std::to_string(size) + " is larger than this library's " +
+                            std::to_string(sizeof v) + " and byte " + std::to_string(i) +
+                            " is set: a field this library does not know; got struct_size " + std::to_string(size));
+  return v;
+}
+
+// Options with the variants attached; dsinks only in a backward (a forward has no gradient to write).
+flashtile::Options with_variants(flashtile::Options o, const ft_variants* x, int device, bool backward) {
+  if (x == nullptr) return o;
+  const ft_variants v = read_variants(x);
+  o.window_size = {v.window_left, v.window_right};
+  if (!std::isfinite(v.softcap) || std::abs(v.softcap) > FLT_MAX) {  // a float cannot hold it
+    std::ostringstream s;
+    s << "softcap: must be finite and >= 0 (0 = off), got " << v.softcap;
+    throw InvalidArgument(s.str());
+  }
+  o.softcap = static_cast<float>(v.softcap);
+  auto optional = [device](const char* name, const ft_tensor* t, flashtile::DType dtype) {
+    return t == nullptr ? flashtile::TensorView{} : view(name, t, dtype, device);
+  };
+  using flashtile::DType;
+  o.alibi_slopes = optional("alibi_slopes", v.alibi_slopes, DType::float32);
+  o.sinks = optional("sinks", v.sinks, DType::float32);
+  if (backward) o.dsinks = optional("dsinks", v.dsinks, DType::float32);
+  o.cu_seqlens_q = optional("cu_seqlens_q", v.cu_seqlens_q, DType::int32);
+  o.cu_seqlens_k = optional("cu_seqlens_k", v.cu_seqlens_k, DType::int32);
+  o.seqused_k = optional("seqused_k", v.seqused_k, DType::int32);
+  o.max_seqlen_q = v.max_seqlen_q;
+  o.max_seqlen_k = v.max_seqlen_k;
+  return o;
+}
+
 template <class F>
 int guarded(char* msg, int len, F&& f) {
   try {
@@ -98,11 +147,18 @@ extern "C" {
 int ft_forward(const ft_tensor* q, const ft_tensor* k, const ft_tensor* v, const ft_tensor* out, const ft_tensor* lse,
                int dtype, int device, double scale, int causal, const char* backend, int strict, char* msg,
                int msg_len) {
+  return ft_forward_ex(q, k, v, out, lse, dtype, device, scale, causal, backend, strict, nullptr, msg, msg_len);
+}
+
+int ft_forward_ex(const ft_tensor* q, const ft_tensor* k, const ft_tensor* v, const ft_tensor* out,
+                  const ft_tensor* lse, int dtype, int device, double scale, int causal, const char* backend,
+                  int strict, const ft_variants* variants, char* msg, int msg_len) {
   return guarded(msg, msg_len, [&] {
     const flashtile::DType t = checked_dtype(dtype);
     check_device(device);
-    const flashtile::Options o =
-        options(scale, checked_flag("causal", causal), false, backend, checked_flag("strict", strict));
+    const flashtile::Options o = with_variants(
+        options(scale, checked_flag("causal", causal), false, backend, checked_flag("strict", strict)), variants,
+        device, false);
     return flashtile::forward(view("q", q, t, device), view("k", k, t, device), view("v", v, t, device),
                               view("out", out, t, device), view("lse", lse, flashtile::DType::float32, device), o);
   });
@@ -112,12 +168,21 @@ int ft_backward(const ft_tensor* q, const ft_tensor* k, const ft_tensor* v, cons
                 const ft_tensor* dout, const ft_tensor* lse, const ft_tensor* dq, const ft_tensor* dk,
                 const ft_tensor* dv, int dtype, int device, double scale, int causal, int deterministic,
                 const char* backend, int strict, char* msg, int msg_len) {
+  return ft_backward_ex(q, k, v, out, dout, lse, dq, dk, dv, dtype, device, scale, causal, deterministic, backend,
+                        strict, nullptr, msg, msg_len);
+}
+
+int ft_backward_ex(const ft_tensor* q, const ft_tensor* k, const ft_tensor* v, const ft_tensor* out,
+                   const ft_tensor* dout, const ft_tensor* lse, const ft_tensor* dq, const ft_tensor* dk,
+                   const ft_tensor* dv, int dtype, int device, double scale, int causal, int deterministic,
+                   const char* backend, int strict, const ft_variants* variants, char* msg, int msg_len) {
   return guarded(msg, msg_len, [&] {
     const flashtile::DType t = checked_dtype(dtype);
     check_device(device);
-    const flashtile::Options o = options(scale, checked_flag("causal", causal),
-                                         checked_flag("deterministic", deterministic), backend,
-                                         checked_flag("strict", strict));
+    const flashtile::Options o = with_variants(options(scale, checked_flag("causal", causal),
+                                                       checked_flag("deterministic", deterministic), backend,
+                                                       checked_flag("strict", strict)),
+                                               variants, device, true);
     return flashtile::backward(view("q", q, t, device), view("k", k, t, device), view("v", v, t, device),
                                view("out", out, t, device), view("dout", dout, t, device),
                                view("lse", lse, flashtile::DType::float32, device), view("dq", dq, t, device),

@@ -31,7 +31,7 @@ void forward_tile(const AttnParams& p, PairScratch& w, std::int64_t b, std::int6
   PhaseTimer clock(g_phases);
   start_query_rows(p, w, b, h, head, q0, rows);
   const KeyWalk walk(head, q0, rows, bk);
-  cache_keys(p, w, b, head.seq.k_row0, h / p.group(), walk.end);
+  cache_keys(p, w, b, head.seq.k_row0, h / p.group(), walk.tiles.begin * bk, walk.end);
   amx::configure();
   for (std::int64_t kt = walk.tiles.begin; kt < walk.tiles.end; ++kt) {
     const std::int64_t k0 = kt * bk;

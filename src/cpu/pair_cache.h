@@ -7,11 +7,14 @@
 // `align` is the column multiple the kernel's products step over (16 for vector pairs, 32 for AMX tiles,
 // which take 32 bf16 per row); padding columns and pairs stay zero.
 //
-// The K/V cache holds the input bits (no conversion) and grows lazily with the keys the tiles need. Past
-// the keys filled so far it is zeroed up to the next `align` keys, so a product that steps over a short
-// last tile reads zeros, not keys left by another head. A product over whole tiles does read keys a row
-// does not see (with P = 0): v_nonfinite records, per group of `align` keys, whether any V value
-// there is Inf or NaN, in which case 0 · V is NaN and the kernel must take only the visible keys.
+// The K/V cache holds the input bits (no conversion) of one range of keys [key_lo, key_hi), filled lazily with
+// the keys the tiles need: a query tile's range starts at its first visited key tile (MaskPolicy::key_tiles), so
+// under a sliding window a tile far into the sequence converts only the keys near its window, not every key from
+// 0 (as flash_forward.cpp's float cache does). The range grows at either end; a range disjoint from it replaces
+// it. Past key_hi the cache is zeroed up to the next `align` keys, so a product that steps over a short last
+// tile reads zeros, not keys left by another head or range. A product over whole tiles does read keys a row
+// does not see (with P = 0): v_nonfinite records, per group of `align` keys, whether any V value there is Inf or
+// NaN, in which case 0 · V is NaN and the kernel must take only the visible keys.
 #pragma once
 
 #include "cpu/isa_namespace.h"
@@ -38,7 +41,7 @@ struct PairScratch {
   std::unique_ptr<float[]> s, acc, m, l;
   std::unique_ptr<int[]> lo, hi;  // visible keys [lo, hi) of each row in the current key tile
   std::unique_ptr<bool[]> v_nonfinite;  // per group of `align` keys
-  std::int64_t cached_b = -1, cached_hk = -1, converted = 0, zeroed = 0;
+  std::int64_t cached_b = -1, cached_hk = -1, key_lo = 0, key_hi = 0;
 
   static constexpr int round_up(std::int64_t n, int m) { return static_cast<int>((n + m - 1) / m * m); }
   template <class E>
@@ -78,23 +81,31 @@ inline void put_key(PairScratch& w, const BFloat16* ks, const BFloat16* vs, std:
   if (nonfinite) w.v_nonfinite[j / w.align] = true;
 }
 
-// Makes keys [0, k_hi) of KV head (b, hk) available in the cache, zeros up to the next `align` keys; the
-// sequence's keys start at row k_row0.
+// Makes keys [k_lo, k_hi) of KV head (b, hk) available in the cache (k_lo: the first key of the query tile's first
+// key tile), zeros up to the next `align` keys past them; the sequence's keys start at row k_row0. v_nonfinite
+// flags are only ever set for a head, so a flag left from a replaced range errs on the safe side.
 inline void cache_keys(const detail::AttnParams& p, PairScratch& w, std::int64_t b, std::int64_t k_row0, std::int64_t hk,
-                       std::int64_t k_hi) {
+                       std::int64_t k_lo, std::int64_t k_hi) {
   if (w.cached_b != b || w.cached_hk != hk) {
     w.cached_b = b;
     w.cached_hk = hk;
-    w.converted = w.zeroed = 0;
+    w.key_lo = w.key_hi = 0;
     std::fill_n(w.v_nonfinite.get(), w.n_kt * w.bk / w.align + 1, false);
   }
-  for (std::int64_t j = w.converted; j < k_hi; ++j)
-    put_key(w, row_ptr<BFloat16>(p.k, p.k_stride, b, k_row0 + j, hk), row_ptr<BFloat16>(p.v, p.v_stride, b, k_row0 + j, hk),
-            j);
-  w.converted = std::max(w.converted, k_hi);
-  const std::int64_t pad_hi = std::min<std::int64_t>(PairScratch::round_up(w.converted, w.align), w.n_kt * w.bk);
-  for (std::int64_t j = std::max(w.converted, w.zeroed); j < pad_hi; ++j) put_key(w, nullptr, nullptr, j);
-  w.zeroed = std::max(w.zeroed, pad_hi);
+  if (k_hi <= k_lo) return;  // no key visited: no product reads the cache
+  k_lo -= k_lo % w.align;    // whole groups of `align` keys (a tile start already is one)
+  if (k_lo > w.key_hi || k_hi < w.key_lo) w.key_lo = w.key_hi = k_lo;
+  auto convert = [&](std::int64_t j0, std::int64_t j1) {
+    for (std::int64_t j = j0; j < j1; ++j)
+      put_key(w, row_ptr<BFloat16>(p.k, p.k_stride, b, k_row0 + j, hk),
+              row_ptr<BFloat16>(p.v, p.v_stride, b, k_row0 + j, hk), j);
+  };
+  if (k_lo < w.key_lo) convert(k_lo, w.key_lo), w.key_lo = k_lo;
+  if (k_hi <= w.key_hi) return;  // cached, and its zero padding written when key_hi was set
+  convert(w.key_hi, k_hi);
+  w.key_hi = k_hi;
+  const std::int64_t pad_hi = std::min<std::int64_t>(PairScratch::round_up(k_hi, w.align), w.n_kt * w.bk);
+  for (std::int64_t j = k_hi; j < pad_hi; ++j) put_key(w, nullptr, nullptr, j);
 }
 
 // acc[c] += Σ_{j0 <= j < j1} P(row, j) · V(k0 + j, c) in float32, from the P row and V pair tile of key tile k0:
@@ -131,8 +142,7 @@ inline void softmax_rows_to_bf16(const detail::AttnParams& p, PairScratch& w, co
                                  int rows, std::int64_t k0, int n, int n_pad, bool needs_mask) {
   for (int r = 0; r < rows; ++r) {
     float* sr = w.s.get() + static_cast<std::int64_t>(r) * w.bk;
-    scale_row(sr, n, p.softmax_scale);
-    score_row(head.hook, q0 + r, k0, sr, n);
+    score_row(head.hook, q0 + r, k0, sr, n, nullptr, p.softmax_scale);
     const TileKeys vis = needs_mask ? mask_row(head.mask, q0 + r, k0, n, sr) : TileKeys{0, n};
     w.lo[r] = vis.begin;
     w.hi[r] = vis.end;

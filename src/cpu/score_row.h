@@ -32,18 +32,33 @@ inline float tanh_fast(float x) {
 
 // The hook on scores s[0, n) of query row i and keys k0 .. k0 + n − 1 (indices within the sequence). With
 // `dtanh` (backward, under softcap) it also stores 1 − tanh², the factor ScoreHook::dscore puts on the scale.
+// `prescale`: the softmax scale when s holds unscaled q·k (the bf16 kernels): applied here, and under softcap
+// folded into its 1/c, which saves a pass over the row (unless scale / c overflows: 0 · inf would be NaN).
 inline void score_row(const detail::ScoreHook& hook, std::int64_t i, std::int64_t k0, float* s, int n,
-                      float* dtanh = nullptr) {
+                      float* dtanh = nullptr, float prescale = 1.0f) {
+  const bool fold = hook.softcap > 0.0f && __builtin_isfinite(prescale / hook.softcap);
+  if (prescale != 1.0f && !fold)
+    for (int j = 0; j < n; ++j) s[j] *= prescale;
   if (hook.softcap > 0.0f) {
-    const float c = hook.softcap, inv_c = 1.0f / hook.softcap;
+    const float c = hook.softcap, inv_c = (fold ? prescale : 1.0f) / hook.softcap;
     int j = 0;
 #if FT_SIMD_WIDTH
+    // A row whose arguments all lie below 0.625 (scores well inside the cap, the common case: Gemma's 50 against
+    // scores of a few units) needs only tanh's polynomial, a third of the full formula (which adds exp2 and a
+    // division). The test is one compare per vector, made once per row, so the choice is a predictable branch,
+    // not a per-vector one (which mispredicted on rows of mixed magnitudes).
     const simd::V cv = simd::set1(c), icv = simd::set1(inv_c), one = simd::set1(1.0f);
-    for (; j + simd::W <= n; j += simd::W) {
-      const simd::V t = simd::tanh(simd::mul(simd::load(s + j), icv));
-      simd::store(s + j, simd::mul(cv, t));
-      if (dtanh != nullptr) simd::store(dtanh + j, simd::sub(one, simd::mul(t, t)));
-    }
+    const int nv = n - n % simd::W;
+    const bool small = simd::all_abs_below(s, nv, 0.625f * (inv_c < 0.0f ? -1.0f / inv_c : 1.0f / inv_c));
+    auto cap = [&](auto tanh_v) {
+      for (; j < nv; j += simd::W) {
+        const simd::V t = tanh_v(simd::mul(simd::load(s + j), icv));
+        simd::store(s + j, simd::mul(cv, t));
+        if (dtanh != nullptr) simd::store(dtanh + j, simd::sub(one, simd::mul(t, t)));
+      }
+    };
+    if (small) cap([](simd::V x) { return simd::tanh_small(x); });
+    else cap([](simd::V x) { return simd::tanh(x); });
 #endif
     for (; j < n; ++j) {
       const float t = tanh_fast(s[j] * inv_c);

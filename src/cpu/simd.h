@@ -61,6 +61,13 @@ inline V sign_of(V mag, V x) {  // |mag| with the sign bit of x
 inline V select_lt(V a, V b, V x, V y) {  // x where a < b, else y (a NaN: y)
   return {_mm512_mask_mov_ps(y.v, _mm512_cmp_ps_mask(a.v, b.v, _CMP_LT_OQ), x.v)};
 }
+// Whether |x[j]| < bound for every j < n (n a multiple of 16); false when one is NaN.
+inline bool all_abs_below(const float* x, int n, float bound) {
+  const __m512 b = _mm512_set1_ps(bound);
+  __mmask16 all = 0xFFFF;
+  for (int j = 0; j < n; j += 16) all &= _mm512_cmp_ps_mask(abs(load(x + j)).v, b, _CMP_LT_OQ);
+  return all == 0xFFFF;
+}
 #elif defined(__AVX2__)
 #define FT_SIMD_WIDTH 8
 struct V {
@@ -97,6 +104,12 @@ inline V div(V a, V b) { return {_mm256_div_ps(a.v, b.v)}; }
 inline V abs(V a) { return {_mm256_andnot_ps(_mm256_set1_ps(-0.0f), a.v)}; }
 inline V sign_of(V mag, V x) { return {_mm256_or_ps(mag.v, _mm256_and_ps(_mm256_set1_ps(-0.0f), x.v))}; }
 inline V select_lt(V a, V b, V x, V y) { return {_mm256_blendv_ps(y.v, x.v, _mm256_cmp_ps(a.v, b.v, _CMP_LT_OQ))}; }
+inline bool all_abs_below(const float* x, int n, float bound) {  // n a multiple of 8
+  const __m256 b = _mm256_set1_ps(bound);
+  __m256 all = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+  for (int j = 0; j < n; j += 8) all = _mm256_and_ps(all, _mm256_cmp_ps(abs(load(x + j)).v, b, _CMP_LT_OQ));
+  return _mm256_movemask_ps(all) == 0xFF;
+}
 #else
 #define FT_SIMD_WIDTH 0
 #endif
@@ -121,16 +134,22 @@ inline V exp2(V x) {
   return keep_nan(mul(p, pow2i(n)), x);
 }
 
-// tanh, the same formulas as tanh_fast() in score_row.h (the vector form fuses the polynomial's FMAs): the odd polynomial below
-// |x| = 0.625, else 1 − 2/(e^(2|x|) + 1) with x's sign; NaN stays NaN (exp2 keeps it, the compare sends it there).
-inline V tanh(V x) {
-  const V a = abs(x), z = mul(x, x);
+// tanh for |x| < 0.625 only: the odd polynomial of tanh_fast() in score_row.h (its FMAs fused).
+inline V tanh_small(V x) {
+  const V z = mul(x, x);
   V p = set1(-5.70498872745e-3f);
   p = fma(p, z, set1(2.06390887954e-2f));
   p = fma(p, z, set1(-5.37397155531e-2f));
   p = fma(p, z, set1(1.33314422036e-1f));
   p = fma(p, z, set1(-3.33332819422e-1f));
-  const V small = fma(mul(x, z), p, x);
+  return fma(mul(x, z), p, x);
+}
+
+// tanh, the same formulas as tanh_fast() in score_row.h: the odd polynomial below |x| = 0.625, else
+// 1 − 2/(e^(2|x|) + 1) with x's sign; NaN stays NaN (exp2 keeps it, the compare sends it there).
+inline V tanh(V x) {
+  const V a = abs(x);
+  const V small = tanh_small(x);
   const V e = exp2(mul(a, set1(2.0f * 1.4426950408889634f)));
   const V big = sub(set1(1.0f), div(set1(2.0f), add(e, set1(1.0f))));
   return select_lt(a, set1(0.625f), small, keep_nan(sign_of(big, x), x));
