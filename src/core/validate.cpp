@@ -9,6 +9,9 @@
 #include <vector>
 
 #include "flashtile/errors.h"
+#if FLASHTILE_WITH_CUDA
+#include "cuda/pointer_check.h"
+#endif
 
 namespace flashtile::detail {
 namespace {
@@ -261,6 +264,18 @@ Span check_index(const Arg& a, const TensorView& q, std::int64_t n) {
   return span;
 }
 
+// Before validation reads an index tensor's values on the host: a tensor declared cpu that holds CUDA device
+// memory is refused, not dereferenced (the CPU backends refuse such operands the same way, host_only()).
+void check_host_readable(const char* name, const TensorView& t) {
+#if FLASHTILE_WITH_CUDA
+  if (is_device_pointer(t.data))
+    fail<DeviceError>(name, ": declared device cpu but holds CUDA device memory (its values are read on the host)");
+#else
+  (void)name;
+  (void)t;
+#endif
+}
+
 std::int32_t entry(const TensorView& t, std::int64_t i) { return static_cast<const std::int32_t*>(t.data)[i * t.stride[0]]; }
 
 // Values of a cu_seqlens array in host memory: 0 first, non-decreasing, the packed length last, and no sequence
@@ -306,6 +321,8 @@ void check_varlen(Checked& c, const Options& o, const TensorView& q) {
     p.cu_seqlens_q = static_cast<const std::int32_t*>(cq.data);
     p.cu_seqlens_k = static_cast<const std::int32_t*>(o.cu_seqlens_k.data);
     if (q.device == Device::cpu) {
+      check_host_readable("cu_seqlens_q", cq);
+      check_host_readable("cu_seqlens_k", o.cu_seqlens_k);
       check_cu_values("cu_seqlens_q", cq, p.total_q, "total_q", "max_seqlen_q", p.seqlen_q);
       check_cu_values("cu_seqlens_k", o.cu_seqlens_k, p.total_k, "total_k", "max_seqlen_k", p.seqlen_k);
     }
@@ -314,6 +331,7 @@ void check_varlen(Checked& c, const Options& o, const TensorView& q) {
   c.inputs.emplace_back("seqused_k", check_index({"seqused_k", o.seqused_k, "[B]", false}, q, p.batch));
   p.seqused_k = static_cast<const std::int32_t*>(o.seqused_k.data);
   if (q.device != Device::cpu) return;
+  check_host_readable("seqused_k", o.seqused_k);
   for (std::int64_t b = 0; b < p.batch; ++b) {
     const std::int64_t keys = c.varlen ? std::int64_t{entry(o.cu_seqlens_k, b + 1)} - entry(o.cu_seqlens_k, b)
                                        : p.seqlen_k;

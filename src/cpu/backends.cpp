@@ -20,7 +20,10 @@ Reasons host_only(const AttnParams& p) {
   if (p.device == Device::cpu) {
 #if FLASHTILE_WITH_CUDA  // device pointers passed as CPU tensors are refused, not dereferenced
     for (const void* ptr : {p.q, p.k, p.v, p.dout, static_cast<const void*>(p.out), static_cast<const void*>(p.lse),
-                            static_cast<const void*>(p.dq), static_cast<const void*>(p.dk), static_cast<const void*>(p.dv)})
+                            static_cast<const void*>(p.dq), static_cast<const void*>(p.dk), static_cast<const void*>(p.dv),
+                            static_cast<const void*>(p.alibi_slopes), static_cast<const void*>(p.sinks),
+                            static_cast<const void*>(p.dsinks), static_cast<const void*>(p.cu_seqlens_q),
+                            static_cast<const void*>(p.cu_seqlens_k), static_cast<const void*>(p.seqused_k)})
       if (is_device_pointer(ptr)) return {"device: tensors are declared cpu but hold CUDA device memory"};
 #endif
     return {};

@@ -99,6 +99,31 @@ TEST(GpuDispatch, DevicePointersRefusedByCpu) {
   }
 }
 
+// Index tensors whose values validation reads on the host (cu_seqlens, seqused_k): device memory declared cpu is a
+// DeviceError naming the argument, not a dereference.
+TEST(GpuDispatch, DeviceIndexTensorsDeclaredCpuRefused) {
+  FT_REQUIRE_GPU();
+  std::vector<float> q(8 * 8, 0.5f), k(8 * 8, 0.25f), v(8 * 8, 1.f), out(8 * 8), lse(8);
+  auto host = [](std::vector<float>& x, std::initializer_list<std::int64_t> shape) {
+    return flashtile::make_view(x.data(), DType::float32, shape);
+  };
+  void* cu = nullptr;
+  FT_CUDA_OK(cudaMalloc(&cu, 2 * sizeof(std::int32_t)));
+  const std::int32_t host_cu[2] = {0, 8};
+  FT_CUDA_OK(cudaMemcpy(cu, host_cu, sizeof host_cu, cudaMemcpyHostToDevice));
+  flashtile::Options o;
+  o.cu_seqlens_q = flashtile::make_view(cu, DType::int32, {2});  // declared cpu (make_view's default)
+  o.cu_seqlens_k = flashtile::make_view(const_cast<std::int32_t*>(host_cu), DType::int32, {2});
+  o.max_seqlen_q = o.max_seqlen_k = 8;
+  const std::string err = error_of([&] {
+    flashtile::forward(host(q, {8, 1, 8}), host(k, {8, 1, 8}), host(v, {8, 1, 8}), host(out, {8, 1, 8}),
+                       host(lse, {1, 8}), o);
+  });
+  EXPECT_NE(err.find("cu_seqlens_q"), std::string::npos) << err;
+  EXPECT_NE(err.find("device memory"), std::string::npos) << err;
+  FT_CUDA_OK(cudaFree(cu));
+}
+
 TEST(GpuDispatch, RefusalReasons) {
   FT_REQUIRE_GPU();
   auto rng = ft_test::test_rng();
