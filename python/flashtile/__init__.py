@@ -33,12 +33,14 @@ from ._api import (
     scaled_dot_product_attention,
     torch_extension,
 )
+from ._merge import merge_attention_states
 
 __all__ = [
     "flash_attn_func",
     "flash_attn_backward",
     "flash_attn_varlen_func",
     "flash_attn_varlen_backward",
+    "merge_attention_states",
     "scaled_dot_product_attention",
     "explain",
     "last_dispatch",

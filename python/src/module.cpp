@@ -15,6 +15,7 @@
 #include "bridge.h"
 #include "errors.h"
 #include "flashtile/flashtile.h"
+#include "flashtile/merge.h"
 #include "tensors.h"
 
 namespace nb = nanobind;
@@ -97,6 +98,23 @@ DispatchReport forward(nb::handle q, nb::handle k, nb::handle v, nb::handle out,
   DispatchReport r = flashtile::forward(tq, tk, tv, to, tl, o);
   record(DispatchReport(r));
   return r;
+}
+
+// merge_attention_states on host arrays (the numpy path; torch tensors merge in torch ops, python/flashtile/_merge.py).
+void merge_states(nb::list outs, nb::list lses, nb::handle out, nb::handle lse, bool bf16_bits) {
+  Imports in;
+  std::vector<TensorView> to, tl;
+  for (std::size_t i = 0; i < outs.size(); ++i) {
+    const std::string on = "outs[" + std::to_string(i) + "]";
+    to.push_back(in.input(outs[i], on.c_str(), bf16_bits));
+  }
+  for (std::size_t i = 0; i < lses.size(); ++i) {
+    const std::string ln = "lses[" + std::to_string(i) + "]";
+    tl.push_back(in.input(lses[i], ln.c_str(), false));
+  }
+  const TensorView o = in.output(out, "out", bf16_bits), l = in.output(lse, "lse", false);
+  nb::gil_scoped_release unlocked;
+  flashtile::merge_attention_states(to, tl, o, l);
 }
 
 DispatchReport backward(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle dout, nb::handle lse,
@@ -296,6 +314,8 @@ NB_MODULE(_core, m) {
   m.def("backward_torch", &backward_torch, "Backward on torch tensors (the torch path's hot call).", "q"_a, "k"_a,
         "v"_a, "out"_a, "dout"_a, "lse"_a, "dq"_a, "dk"_a, "dv"_a, "softmax_scale"_a.none(), "causal"_a,
         "backend"_a, "strict"_a, "deterministic"_a, "stream"_a, "workspace"_a, "variants"_a = nb::none());
+  m.def("merge_states", &merge_states, "outs"_a, "lses"_a, "out"_a, "lse"_a, "bf16_bits"_a = false,
+        "merge_attention_states on host arrays into the caller's out and lse.");
   m.def("torch_bridge", &torch_bridge, "Address of the entry-point table for flashtile._torch_ext (bridge.h).");
   m.def("last_report", &last_report, "The report of the most recent call made through this module (any thread).");
   m.def("backend_names", &flashtile::backend_names, "Backends compiled into this build, in auto priority order.");
