@@ -32,5 +32,7 @@ cudaError_t launch_bwd(Elem dtype, int hdim_bucket, Kind kind, const BwdParams& 
 bool sm90_kernel_built(Elem dtype, int hdim_bucket);
 const char* sm90_built_kernels();
 cudaError_t launch_fwd_sm90(Elem dtype, int hdim_bucket, Kind kind, const FwdParams& p, cudaStream_t stream);
+bool sm90_bwd_kernel_built(Elem dtype, int hdim_bucket);
+cudaError_t launch_bwd_sm90(Elem dtype, int hdim_bucket, Kind kind, const BwdParams& p, cudaStream_t stream);
 
 }  // namespace flashtile::cuda

@@ -101,10 +101,11 @@ inline std::string gpu_backend() {
   const char* e = std::getenv("FT_GPU_BACKEND");
   return e != nullptr && *e != '\0' ? e : "cuda-sm80";
 }
-// The backend a backward under test runs on: cuda-sm90 has no backward kernel yet, so cuda-sm80 runs it.
-inline std::string gpu_backend_bwd() {
+// The backend a backward under test runs on (the same one; deterministic calls: cuda-sm80, which cuda-sm90 refuses
+// them to).
+inline std::string gpu_backend_bwd(bool deterministic = false) {
   const std::string b = gpu_backend();
-  return b == "cuda-sm90" ? "cuda-sm80" : b;
+  return b == "cuda-sm90" && deterministic ? "cuda-sm80" : b;
 }
 
 // Options for the CUDA backend under test, strict so a refusal is an error, not a silent CPU fallback.
@@ -120,7 +121,7 @@ inline flashtile::Options cuda_options(const ft_test::Case& c, bool deterministi
 // The same for a backward call.
 inline flashtile::Options cuda_options_bwd(const ft_test::Case& c, bool deterministic = false) {
   flashtile::Options o = cuda_options(c, deterministic);
-  o.backend = gpu_backend_bwd();
+  o.backend = gpu_backend_bwd(deterministic);
   return o;
 }
 
