@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/element.h"
 #include "flashtile/errors.h"
 #if FLASHTILE_WITH_CUDA
 #include "cuda/pointer_check.h"
@@ -93,44 +95,21 @@ void check_view(const char* name, const TensorView& t, bool is_lse, const Tensor
 }
 
 float load(const void* base, DType t, std::int64_t i) {
-  switch (t) {
-    case DType::float16: {
-      _Float16 x;
-      std::memcpy(&x, static_cast<const char*>(base) + i * 2, 2);
-      return static_cast<float>(x);
-    }
-    case DType::bfloat16: {
-      std::uint16_t u;
-      std::memcpy(&u, static_cast<const char*>(base) + i * 2, 2);
-      const std::uint32_t w = static_cast<std::uint32_t>(u) << 16;
-      float x;
-      std::memcpy(&x, &w, 4);
-      return x;
-    }
-    default: {
-      float x;
-      std::memcpy(&x, static_cast<const char*>(base) + i * 4, 4);
-      return x;
-    }
-  }
+  return static_cast<float>(detail::load_element(static_cast<const char*>(base) + i * elem_bytes(t), t));
 }
 
+// x rounded to the dtype as a framework stores it (core/element.h), then its bits written.
 void store(void* base, DType t, std::int64_t i, float x) {
-  switch (t) {
-    case DType::float16: {
-      const _Float16 h = static_cast<_Float16>(x);
-      std::memcpy(static_cast<char*>(base) + i * 2, &h, 2);
-      return;
-    }
-    case DType::bfloat16: {
-      std::uint32_t u;
-      std::memcpy(&u, &x, 4);
-      if ((u & 0x7fffffffu) <= 0x7f800000u) u = (u + 0x7fffu + ((u >> 16) & 1u));  // nearest, ties to even; NaN kept
-      const auto h = static_cast<std::uint16_t>(u >> 16);
-      std::memcpy(static_cast<char*>(base) + i * 2, &h, 2);
-      return;
-    }
-    default: std::memcpy(static_cast<char*>(base) + i * 4, &x, 4);
+  const float r = detail::round_to(t, x);
+  char* dst = static_cast<char*>(base) + i * elem_bytes(t);
+  if (t == DType::float16) {
+    const _Float16 h = static_cast<_Float16>(r);  // exact: r is a float16 value
+    std::memcpy(dst, &h, 2);
+  } else if (t == DType::bfloat16) {
+    const auto h = static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(r) >> 16);
+    std::memcpy(dst, &h, 2);
+  } else {
+    std::memcpy(dst, &r, 4);
   }
 }
 

@@ -105,10 +105,7 @@ class CudaSm90 final : public Backend {
     cuda::DeviceGuard guard(p.device_index, kName);
     (void)cudaGetLastError();  // a stale error of an earlier, unrelated launch is not ours to report
     cuda::FwdParams f;
-    f.a = p;
-    if (f.a.causal) f.a.window_right = 0;  // causal is window right = 0 (validation writes it too)
-    f.scale_log2 = p.softmax_scale * 1.4426950408889634f;
-    f.group = static_cast<int>(p.group());
+    cuda::fill_params(p, f);
     cuda::check(cuda::launch_fwd_sm90(cuda::elem_of(p.dtype), bucket_of(p), cuda::kind_of(p), f,
                                       static_cast<cudaStream_t>(p.cuda_stream)),
                 kName, "forward kernel launch");

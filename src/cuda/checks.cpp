@@ -117,4 +117,11 @@ const Gpu* check_common(const AttnParams& p, const char* backend, Reasons& why) 
   return gpu;
 }
 
+void fill_params(const AttnParams& p, FwdParams& f) {
+  f.a = p;
+  if (f.a.causal) f.a.window_right = 0;
+  f.scale_log2 = p.softmax_scale * 1.4426950408889634f;
+  f.group = static_cast<int>(p.group());
+}
+
 }  // namespace flashtile::cuda
