@@ -1,0 +1,356 @@
+// CPU forward_kvcache (include/flashtile/kvcache.h), compiled once per ISA (FT_ISA_NS names the namespace).
+//
+// Decoding reads the whole KV cache for one or a few query tokens: it is bound by memory, not by arithmetic, so
+// this kernel is built to read every cached key and value row exactly once per call, in its own dtype:
+// - GQA packing: the G query heads that share a KV head and the Sq new tokens are the rows of one tile
+//   (decode_plan.h), so a K or V row, once loaded, serves all of them;
+// - 16-bit caches are widened in registers (simd.h load_bf16 / load_f16), never converted into a copy;
+// - split-KV: each sequence's visible keys are cut into `splits` parts computed as separate tasks, each leaving
+//   a normalised partial output and its LSE, merged afterwards as merge_attention_states does; only the first
+//   part carries the sink logit, so the merge counts it once;
+// - paged caches: a key block gathers its rows through core/params.h kv_row(), the one address rule.
+// The mask policy and score hook are the forward's (core/mask.h, score_row.h); the per-row online softmax is
+// forward_common.h's. A key a row does not see never enters its sums (partial blocks run row by row).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "cpu/convert.h"
+#include "cpu/decode_plan.h"
+#include "cpu/exp2.h"
+#include "cpu/forward_common.h"
+#include "cpu/kernel_common.h"
+#include "cpu/kernels.h"
+#include "cpu/parallel.h"
+#include "cpu/score_row.h"
+#include "cpu/simd.h"
+#include "cpu/tile_ops.h"
+
+#ifndef FT_ISA_NS
+#error "FT_ISA_NS must name the ISA namespace"
+#endif
+
+namespace flashtile::cpu::FT_ISA_NS {
+namespace {
+
+using detail::AttnParams;
+
+#if FT_SIMD_WIDTH
+using simd::V;
+inline V load_row(const float* p) { return simd::load(p); }
+inline V load_row(const BFloat16* p) { return simd::load_bf16(reinterpret_cast<const std::uint16_t*>(p)); }
+inline V load_row(const Half* p) { return simd::load_f16(reinterpret_cast<const std::uint16_t*>(p)); }
+#endif
+
+// s[r][j] = q_r · k_j for NR rows (q: ldq-strided floats, pre-scaled) and keys kp[j0, j1), NJ keys at a time:
+// NR·NJ independent accumulators keep the FMA pipes full where one dot product is a chain of D / W dependent
+// FMAs.
+template <int NR, int NJ, class T>
+void qk_rows(const float* q, int ldq, int d, const T* const* kp, int j0, int j1, float* s, int lds) {
+  int j = j0;
+  for (; j + NJ <= j1; j += NJ) {
+    float sum[NR][NJ] = {};
+    int c = 0;
+#if FT_SIMD_WIDTH
+    V a[NR][NJ];
+    for (int r = 0; r < NR; ++r)
+      for (int u = 0; u < NJ; ++u) a[r][u] = simd::set1(0.0f);
+    for (; c + simd::W <= d; c += simd::W) {
+      V kv[NJ];
+      for (int u = 0; u < NJ; ++u) kv[u] = load_row(kp[j + u] + c);
+      for (int r = 0; r < NR; ++r) {
+        const V qv = simd::load(q + r * ldq + c);
+        for (int u = 0; u < NJ; ++u) a[r][u] = simd::fma(qv, kv[u], a[r][u]);
+      }
+    }
+    for (int r = 0; r < NR; ++r)
+      for (int u = 0; u < NJ; ++u) sum[r][u] = simd::reduce_add(a[r][u]);
+#endif
+    for (; c < d; ++c)
+      for (int u = 0; u < NJ; ++u) {
+        const float kc = to_float(kp[j + u][c]);
+        for (int r = 0; r < NR; ++r) sum[r][u] += q[r * ldq + c] * kc;
+      }
+    for (int r = 0; r < NR; ++r)
+      for (int u = 0; u < NJ; ++u) s[r * lds + j + u] = sum[r][u];
+  }
+  if (j < j1) qk_rows<NR, 1>(q, ldq, d, kp, j, j1, s, lds);
+}
+
+// acc[r][c] += Σ_{j in [j0, j1)} p[r][j] · v_j[c] for NR rows and the columns [c, c + NC·W·k) that fit below dv,
+// NC vectors at a time; returns the first column left. The block's sum is formed on its own and then added
+// (two-level summation, as the forward's P·V tile: one running sum over every key of a long cache rounds worse
+// than standard attention's blocked sums).
+template <int NR, int NC, class T>
+int pv_cols(const float* p, int ldp, const T* const* vp, int j0, int j1, int c, int dv, float* acc, int ldv) {
+#if FT_SIMD_WIDTH
+  for (; c + NC * simd::W <= dv; c += NC * simd::W) {
+    V a[NR][NC];
+    for (int r = 0; r < NR; ++r)
+      for (int u = 0; u < NC; ++u) a[r][u] = simd::set1(0.0f);
+    for (int j = j0; j < j1; ++j) {
+      V vv[NC];
+      for (int u = 0; u < NC; ++u) vv[u] = load_row(vp[j] + c + u * simd::W);
+      for (int r = 0; r < NR; ++r) {
+        const V pr = simd::set1(p[r * ldp + j]);
+        for (int u = 0; u < NC; ++u) a[r][u] = simd::fma(pr, vv[u], a[r][u]);
+      }
+    }
+    for (int r = 0; r < NR; ++r)
+      for (int u = 0; u < NC; ++u) {
+        float* o = acc + r * ldv + c + u * simd::W;
+        simd::store(o, simd::add(simd::load(o), a[r][u]));
+      }
+  }
+#else
+  (void)p, (void)ldp, (void)vp, (void)j0, (void)j1, (void)dv, (void)acc, (void)ldv;
+#endif
+  return c;
+}
+
+template <int NR, class T>
+void pv_rows(const float* p, int ldp, const T* const* vp, int j0, int j1, int dv, float* acc, int ldv) {
+  // One or two rows leave few independent accumulators per column vector: take more columns at once.
+  constexpr int kCols = NR <= 2 ? 4 : 2;
+  int c = pv_cols<NR, kCols>(p, ldp, vp, j0, j1, 0, dv, acc, ldv);
+  c = pv_cols<NR, 1>(p, ldp, vp, j0, j1, c, dv, acc, ldv);
+  for (; c < dv; ++c)
+    for (int r = 0; r < NR; ++r) {
+      float a = 0.0f;
+      for (int j = j0; j < j1; ++j) a += p[r * ldp + j] * to_float(vp[j][c]);
+      acc[r * ldv + c] += a;
+    }
+}
+
+// Runs f.template operator()<NR>(r0) over rows [0, rows) in groups of up to 4.
+template <class F>
+void row_groups(int rows, F&& f) {
+  int r = 0;
+  for (; r + 4 <= rows; r += 4) f.template operator()<4>(r);
+  switch (rows - r) {
+    case 3: f.template operator()<3>(r); break;
+    case 2: f.template operator()<2>(r); break;
+    case 1: f.template operator()<1>(r); break;
+    default: break;
+  }
+}
+
+// Per-thread scratch: one tile of packed query rows (columns padded to 16 floats) and a key block's row addresses.
+template <class T>
+struct DecodeScratch {
+  int ldq, ldv;
+  std::unique_ptr<float[]> q, s, acc, m, l;
+  std::unique_ptr<int[]> lo, hi;
+  std::unique_ptr<const T*[]> kp, vp;
+  std::vector<HeadInfo> heads;  // capacity kept across the thread's tasks
+  static std::unique_ptr<float[]> zeros(std::int64_t n) {
+    return std::unique_ptr<float[]>(new float[static_cast<std::size_t>(n)]());
+  }
+  DecodeScratch(int d, int dv)
+      : ldq(padded(d)), ldv(padded(dv)), q(zeros(static_cast<std::int64_t>(kDecodeRows) * ldq)),
+        s(zeros(static_cast<std::int64_t>(kDecodeRows) * kDecodeKeys)),
+        acc(zeros(static_cast<std::int64_t>(kDecodeRows) * ldv)), m(zeros(kDecodeRows)), l(zeros(kDecodeRows)),
+        lo(new int[kDecodeRows]), hi(new int[kDecodeRows]), kp(new const T*[kDecodeKeys]),
+        vp(new const T*[kDecodeKeys]) {}
+};
+
+// The packed rows of one task: rows [r0, r0 + rows) of KV head hk of sequence b, row r being token r / G of
+// query head hk·G + r % G.
+struct RowTile {
+  std::int64_t b, hk, r0;
+  int rows;
+  std::int64_t group;
+  std::int64_t token(int r) const { return (r0 + r) / group; }
+  std::int64_t head(int r) const { return hk * group + (r0 + r) % group; }
+};
+
+// Keys [k_begin, k_end) of the tile's rows for split `split` of `splits`: the rows' visible keys (one contiguous
+// range, core/mask.h) cut into equal parts on 16-key boundaries.
+detail::Range split_keys(const detail::MaskPolicy& mask, const RowTile& t, int split, int splits) {
+  const std::int64_t i0 = t.token(0), i1 = t.token(t.rows - 1);
+  const detail::Range all = mask.keys(i0, i1 - i0 + 1);
+  if (all.empty()) return {0, 0};
+  const std::int64_t part = ((all.size() + splits - 1) / splits + 15) / 16 * 16;
+  const std::int64_t begin = std::min(all.end, all.begin + split * part);
+  return {begin, std::min(all.end, begin + part)};
+}
+
+template <class T>
+void attend_tile(const AttnParams& p, DecodeScratch<T>& w, const RowTile& t, int split, int splits, float* parts) {
+  const int d = static_cast<int>(p.hdim), dv = static_cast<int>(p.hdim_v);
+  // The hooks and sinks of the tile's query heads: heads[g] is row g's head, and row r's is row (r mod the
+  // count)'s, since the heads repeat every G rows.
+  std::vector<HeadInfo>& heads = w.heads;
+  heads.clear();
+  for (int g = 0; g < std::min<std::int64_t>(t.group, t.rows); ++g) heads.emplace_back(p, t.b, t.head(g));
+  const auto info = [&](int r) -> const HeadInfo& { return heads[static_cast<std::size_t>(r) % heads.size()]; };
+  const detail::MaskPolicy& mask = heads.front().mask;
+  const std::int64_t i0 = t.token(0), n_tok = t.token(t.rows - 1) - i0 + 1;
+
+  for (int r = 0; r < t.rows; ++r) {
+    float* dst = w.q.get() + static_cast<std::int64_t>(r) * w.ldq;
+    const T* src = row_ptr<T>(p.q, p.q_stride, t.b, t.token(r), t.head(r));
+    for (int c = 0; c < d; ++c) dst[c] = to_float(src[c]) * p.softmax_scale;
+    if (split == 0) {
+      start_row(info(r), w.m[r], w.l[r]);
+    } else {
+      w.m[r] = kNegInf;
+      w.l[r] = 0.0f;
+    }
+    std::fill_n(w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.ldv, 0.0f);
+  }
+
+  const detail::Range keys = split_keys(mask, t, split, splits);
+  const T* kbase = static_cast<const T*>(p.k) + t.hk * p.k_stride.head;
+  const T* vbase = static_cast<const T*>(p.v) + t.hk * p.v_stride.head;
+  const T** kp = w.kp.get();
+  const T** vp = w.vp.get();
+  for (std::int64_t k0 = keys.begin; k0 < keys.end; k0 += kDecodeKeys) {
+    const int n = static_cast<int>(std::min<std::int64_t>(kDecodeKeys, keys.end - k0));
+    const detail::TileMask tm = mask.tile(i0, n_tok, k0, n);
+    if (tm == detail::TileMask::skip) continue;
+    for (int j = 0; j < n; ++j) {
+      const detail::KvRow o = detail::kv_row(p, t.b, k0 + j);
+      kp[j] = kbase + o.k;
+      vp[j] = vbase + o.v;
+    }
+    row_groups(t.rows, [&]<int NR>(int r) {
+      qk_rows<NR, NR <= 2 ? 4 : 2>(w.q.get() + static_cast<std::int64_t>(r) * w.ldq, w.ldq, d, kp, 0, n,
+                                   w.s.get() + static_cast<std::int64_t>(r) * kDecodeKeys, kDecodeKeys);
+    });
+    const bool partial = tm == detail::TileMask::partial;
+    for (int r = 0; r < t.rows; ++r) {
+      float* sr = w.s.get() + static_cast<std::int64_t>(r) * kDecodeKeys;
+      score_row(info(r).hook, t.token(r), k0, sr, n);
+      if (partial) {
+        const TileKeys vis = mask_row(mask, t.token(r), k0, n, sr);
+        w.lo[r] = vis.begin;
+        w.hi[r] = vis.end;
+      }
+      online_softmax_row(sr, n, w.m[r], w.l[r], w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, dv);
+    }
+    if (!partial) {
+      row_groups(t.rows, [&]<int NR>(int r) {
+        pv_rows<NR>(w.s.get() + static_cast<std::int64_t>(r) * kDecodeKeys, kDecodeKeys, vp, 0, n, dv,
+                    w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.ldv);
+      });
+    } else {
+      for (int r = 0; r < t.rows; ++r)
+        pv_rows<1>(w.s.get() + static_cast<std::int64_t>(r) * kDecodeKeys, kDecodeKeys, vp, w.lo[r], w.hi[r], dv,
+                   w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.ldv);
+    }
+  }
+
+  // The rows' results: final (one split) or a partial for the merge, [row][split][dv + 1] with the LSE last.
+  for (int r = 0; r < t.rows; ++r) {
+    const float l = w.l[r], m = w.m[r];
+    const float* ar = w.acc.get() + static_cast<std::int64_t>(r) * w.ldv;
+    const bool empty = l == 0.0f;  // no key, or all −inf (semantics: O = 0, LSE = −inf)
+    const float inv = empty ? 0.0f : 1.0f / l, lse = empty ? kNegInf : m + std::log(l);
+    const std::int64_t i = t.token(r), h = t.head(r);
+    if (splits == 1) {
+      T* o = row_ptr<T>(p.out, p.out_stride, t.b, i, h);
+      for (int c = 0; c < dv; ++c) o[c] = from_float<T>(empty ? 0.0f : ar[c] * inv);
+      if (p.lse != nullptr) p.lse[t.b * p.lse_stride.batch + h * p.lse_stride.head + i * p.lse_stride.row] = lse;
+      continue;
+    }
+    float* part = parts + (((t.b * p.heads_q + h) * p.seqlen_q + i) * splits + split) * (dv + 1);
+    for (int c = 0; c < dv; ++c) part[c] = empty ? 0.0f : ar[c] * inv;
+    part[dv] = lse;
+  }
+}
+
+// Merges the splits' partials of every row of (sequence b, KV head hk) into out and lse: lse = log Σ exp(lse_s),
+// o = Σ exp(lse_s − lse) o_s; parts without keys (−inf) add nothing; every part −inf: O = 0, LSE = −inf; a NaN
+// part makes the row NaN.
+template <class T>
+void merge_rows(const AttnParams& p, std::int64_t b, std::int64_t hk, int splits, const float* parts) {
+  const int dv = static_cast<int>(p.hdim_v);
+  const std::int64_t g = p.group();
+  for (std::int64_t h = hk * g; h < (hk + 1) * g; ++h)
+    for (std::int64_t i = 0; i < p.seqlen_q; ++i) {
+      const float* part = parts + ((b * p.heads_q + h) * p.seqlen_q + i) * splits * (dv + 1);
+      float mx = kNegInf;
+      bool nan = false;
+      for (int s = 0; s < splits; ++s) {
+        const float x = part[s * (dv + 1) + dv];
+        nan = nan || std::isnan(x);
+        mx = x > mx ? x : mx;
+      }
+      T* o = row_ptr<T>(p.out, p.out_stride, b, i, h);
+      float lse = mx;
+      if (nan) {
+        lse = std::numeric_limits<float>::quiet_NaN();
+        for (int c = 0; c < dv; ++c) o[c] = from_float<T>(lse);
+      } else if (mx == kNegInf) {
+        for (int c = 0; c < dv; ++c) o[c] = from_float<T>(0.0f);
+      } else {
+        float sum = 0.0f, wgt[1024];
+        for (int s = 0; s < splits; ++s) sum += (wgt[s] = std::exp(part[s * (dv + 1) + dv] - mx));
+        for (int c = 0; c < dv; ++c) {
+          float a = 0.0f;
+          for (int s = 0; s < splits; ++s)
+            if (wgt[s] > 0.0f) a += wgt[s] * part[s * (dv + 1) + c];
+          o[c] = from_float<T>(a / sum);
+        }
+        lse = mx + std::log(sum);
+      }
+      if (p.lse != nullptr) p.lse[b * p.lse_stride.batch + h * p.lse_stride.head + i * p.lse_stride.row] = lse;
+    }
+}
+
+// Writes k_new / v_new into the cache rows [cache_seqlens[b], cache_seqlens[b] + Snew) of every sequence.
+template <class T>
+void append(const AttnParams& p, int threads) {
+  const std::int64_t n = p.batch * p.seqlen_new;
+  parallel_tasks(n, threads, [] { return 0; }, [&](int&, std::int64_t task) {
+    const std::int64_t b = task / p.seqlen_new, t = task % p.seqlen_new;
+    const detail::KvRow o = detail::kv_row(p, b, p.cache_seqlens[b] + t);
+    for (std::int64_t hk = 0; hk < p.heads_kv; ++hk) {
+      std::memcpy(static_cast<T*>(const_cast<void*>(p.k)) + o.k + hk * p.k_stride.head,
+                  row_ptr<T>(p.k_new, p.k_new_stride, b, t, hk), sizeof(T) * static_cast<std::size_t>(p.hdim));
+      std::memcpy(static_cast<T*>(const_cast<void*>(p.v)) + o.v + hk * p.v_stride.head,
+                  row_ptr<T>(p.v_new, p.v_new_stride, b, t, hk), sizeof(T) * static_cast<std::size_t>(p.hdim_v));
+    }
+  });
+}
+
+template <class T>
+void decode_typed(const AttnParams& p, const DecodePlan& plan, int threads) {
+  if (p.seqlen_new > 0) append<T>(p, threads);
+  if (p.seqlen_q == 0 || p.heads_q == 0) return;  // an append without queries
+  const int splits = plan.splits;
+  const std::int64_t rows = p.group() * p.seqlen_q;
+  const std::int64_t tiles = plan.row_tiles, tasks = p.batch * p.heads_kv * tiles * splits;
+  // The splits' partials: grown per calling thread and kept, so that steady decoding allocates nothing here.
+  thread_local std::vector<float> parts;
+  if (splits > 1) parts.resize(std::max(parts.size(), static_cast<std::size_t>(p.batch * p.heads_q * p.seqlen_q * splits *
+                                                                                (p.hdim_v + 1))));
+  float* part_data = parts.data();
+  parallel_tasks(
+      tasks, threads, [&] { return DecodeScratch<T>(static_cast<int>(p.hdim), static_cast<int>(p.hdim_v)); },
+      [&](DecodeScratch<T>& w, std::int64_t task) {
+        const int split = static_cast<int>(task % splits);
+        std::int64_t rest = task / splits;
+        const std::int64_t tile = rest % tiles;
+        rest /= tiles;
+        const RowTile t{rest / p.heads_kv, rest % p.heads_kv, tile * kDecodeRows,
+                        static_cast<int>(std::min<std::int64_t>(kDecodeRows, rows - tile * kDecodeRows)), p.group()};
+        attend_tile<T>(p, w, t, split, splits, part_data);
+      });
+  if (splits == 1) return;
+  parallel_tasks(p.batch * p.heads_kv, threads, [] { return 0; }, [&](int&, std::int64_t task) {
+    merge_rows<T>(p, task / p.heads_kv, task % p.heads_kv, splits, part_data);
+  });
+}
+
+}  // namespace
+
+void decode(const AttnParams& p, const DecodePlan& plan, int threads) {
+  visit_dtype(p.dtype, [&]<class T>() { decode_typed<T>(p, plan, threads); });
+}
+
+}  // namespace flashtile::cpu::FT_ISA_NS
