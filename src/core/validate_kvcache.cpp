@@ -247,6 +247,9 @@ AttnParams validate_kvcache(const TensorView& q, const KVCache& cache, const Ten
     check_no_aliasing(vc);
   }
 
+  p.dtype = q.dtype;
+  p.device = q.device;
+  p.device_index = q.device_index;
   p.q = q.data;
   p.k = cache.k_cache.data;
   p.v = cache.v_cache.data;
