@@ -87,13 +87,23 @@ kvcache_read.register_fake(_fake)
 
 
 def _prepare(q, k_cache, v_cache, k, v, cache_seqlens, block_table, cache_batch_idx):
-    """cache_seqlens as a tensor (an int means every sequence), after the checks that name each argument."""
+    """cache_seqlens as a tensor (an int means every sequence). The library names a bad rank or float dtype as
+    these checks would (torch_view reads no uint16 as bfloat16, unlike the numpy path): only what it cannot say
+    well is checked here first, objects that are no tensors and index tensors that are not int32 (it would call
+    them unsupported floats). The quick test costs ~1 us of a ~5 us full check per call."""
     if kv.is_int(cache_seqlens) and isinstance(q, Tensor) and q.dim() == 4:
         cache_seqlens = torch.full((q.shape[0],), int(cache_seqlens), dtype=torch.int32, device=q.device)
-    kv.check_operands(lambda x: isinstance(x, Tensor), "torch.Tensor", q, k_cache, v_cache, k, v,
-                      {"cache_seqlens": cache_seqlens, "block_table": block_table,
-                       "cache_batch_idx": cache_batch_idx})
+    if not (isinstance(k_cache, Tensor) and isinstance(v_cache, Tensor) and (k is None or isinstance(k, Tensor))
+            and (v is None or isinstance(v, Tensor)) and _int32(cache_seqlens) and _int32(block_table)
+            and _int32(cache_batch_idx)):
+        kv.check_operands(lambda x: isinstance(x, Tensor), "torch.Tensor", q, k_cache, v_cache, k, v,
+                          {"cache_seqlens": cache_seqlens, "block_table": block_table,
+                           "cache_batch_idx": cache_batch_idx})
     return cache_seqlens
+
+
+def _int32(x) -> bool:
+    return x is None or (isinstance(x, Tensor) and x.dtype == torch.int32)
 
 
 def forward(q, k_cache, v_cache, k, v, cache_seqlens, block_table, cache_batch_idx, alibi_slopes, sinks,

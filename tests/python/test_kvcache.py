@@ -382,6 +382,13 @@ def test_torch_refused_calls_leave_the_cache_unchanged(rng):
         flashtile.flash_attn_with_kvcache(q, kc.bfloat16(), vc.bfloat16(), **kw)
     with pytest.raises(TypeError, match=r"^block_table: expected an int32 torch.Tensor like q, got numpy"):
         flashtile.flash_attn_with_kvcache(q, kc, vc, **dict(kw, block_table=case.block_table))
+    with pytest.raises(flashtile.DTypeError, match=r"^q: unsupported dtype float64"):
+        flashtile.flash_attn_with_kvcache(q.double(), kc, vc, **kw)
+    with pytest.raises(flashtile.InvalidArgumentError, match=r"^k: expected 4 dimensions \[B, Snew, Hkv, D\]"):
+        flashtile.flash_attn_with_kvcache(q, kc, vc, **dict(kw, k=kw["k"][0]))
+    with pytest.raises(flashtile.DTypeError, match=r"^cache_batch_idx: dtype uint8, expected int32"):
+        flashtile.flash_attn_with_kvcache(q, kc, vc, **dict(kw, cache_batch_idx=torch.zeros(3, dtype=torch.uint8)))
+    assert torch.equal(kc, before[0]) and torch.equal(vc, before[1])
     q.requires_grad_(True)
     with pytest.raises(flashtile.UnsupportedError, match=r"^q: requires grad, but flash_attn_with_kvcache is "
                                                          r"inference only"):
@@ -394,12 +401,16 @@ def test_torch_refused_calls_leave_the_cache_unchanged(rng):
 
 @needs_torch
 def test_torch_explain(rng):
-    case = Case(rng, "bfloat16", sq=1, snew=1, page=16)
+    case = Case(rng, "bfloat16", sq=1, snew=1, page=16, seqlens=[10, 59, 20])
     q, kc, vc, kw = torch_args(case)
     before = kc.clone()
     report = flashtile.explain_kvcache(q, kc, vc, num_splits=2, **kw)
     assert report.kernel == "cpu_flash_decode" and report.ran.splits == 2
     assert torch.equal(kc, before)
+    # An int cache_seqlens: every sequence that long (here past the last sequence's pages: refused).
+    assert flashtile.explain_kvcache(q, kc, vc, **dict(kw, cache_seqlens=1)).ran.splits >= 1
+    with pytest.raises(flashtile.InvalidArgumentError, match=r"^block_table: block_table\[0\]\[1\] = -1"):
+        flashtile.explain_kvcache(q, kc, vc, **dict(kw, cache_seqlens=59))
 
 
 def decode_steps(q, kc, vc, k, v, seqlens, table):
