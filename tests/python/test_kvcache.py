@@ -448,3 +448,21 @@ def test_torch_compile_appends_once(rng, compiler):
     # The last call attended over both appended rows, as the reference computes it.
     case.k_cache, case.v_cache = to_numpy(kc), to_numpy(vc)
     case.check(compiled[3].numpy(), None)
+
+
+@pytest.mark.skipif(torch is None or not torch.cuda.is_available(), reason="needs torch and a CUDA device")
+def test_torch_device_mismatch_is_refused(rng):
+    case = Case(rng, "bfloat16", sq=1, snew=1, page=16)
+    q, kc, vc, kw = torch_args(case)
+    gpu = {name: (None if x is None else x.cuda()) for name, x in kw.items()}
+    kc_gpu, vc_gpu = kc.cuda(), vc.cuda()
+    for name, call in (
+            ("k_cache", lambda: flashtile.flash_attn_with_kvcache(q.cuda(), kc, vc_gpu, **gpu)),
+            ("cache_seqlens", lambda: flashtile.flash_attn_with_kvcache(
+                q.cuda(), kc_gpu, vc_gpu, **dict(gpu, cache_seqlens=kw["cache_seqlens"]))),
+            ("block_table", lambda: flashtile.flash_attn_with_kvcache(
+                q.cuda(), kc_gpu, vc_gpu, **dict(gpu, block_table=kw["block_table"])))):
+        with pytest.raises(flashtile.DeviceError, match=rf"^{name}: on (cpu|cuda):\d+ but q is on cuda:\d+"):
+            call()
+    torch.cuda.synchronize()
+    assert torch.equal(kc_gpu.cpu(), kc) and torch.equal(vc_gpu.cpu(), vc)
