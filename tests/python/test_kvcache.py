@@ -413,11 +413,13 @@ def test_torch_explain(rng):
         flashtile.explain_kvcache(q, kc, vc, **dict(kw, cache_seqlens=59))
 
 
-def decode_steps(q, kc, vc, k, v, seqlens, table):
+def decode_steps(q, kv, k, v, seqlens, table):
     """Two decode steps in one graph (append and attend, then the next token, then a read), and reads of the
-    caches after them, which must see both appends: the op declares that it mutates the caches. The same append
-    into caches made inside the graph (twice the inputs), whose read a compiler that believed the op pure would
-    compute from the inputs, before the op."""
+    caches after them, which must see both appends: the op declares that it mutates the caches. The caches are
+    views of one input, kv [2, ...] (as serving code slices one buffer per layer). The same append into caches
+    made inside the graph (twice the inputs), whose read a compiler that believed the op pure would compute from
+    the inputs, before the op."""
+    kc, vc = kv[0], kv[1]
     twice_k, twice_v = kc * 2, vc * 2
     out0 = flashtile.flash_attn_with_kvcache(q, twice_k, twice_v, k=k[:, :1], v=v[:, :1], cache_seqlens=seqlens,
                                              block_table=table)
@@ -434,19 +436,19 @@ def decode_steps(q, kc, vc, k, v, seqlens, table):
 def test_torch_compile_appends_once(rng, compiler):
     case = Case(rng, "float32", b=2, sq=1, snew=2, hq=4, hkv=2, page=16, capacity=64, seqlens=[9, 30])
     q, kc, vc, kw = torch_args(case)
-    eager_kc, eager_vc = kc.clone(), vc.clone()
+    kv, eager_kv = torch.stack([kc, vc]), torch.stack([kc, vc])
     args = (kw["k"], kw["v"], kw["cache_seqlens"], kw["block_table"])
     # No compiled graph from an earlier process: inductor's cache key does not cover a custom op's schema.
     with torch.no_grad(), torch._inductor.config.patch(fx_graph_cache=False), \
             torch._functorch.config.patch(enable_autograd_cache=False):
-        eager = decode_steps(q, eager_kc, eager_vc, *args)
-        compiled = torch.compile(decode_steps, fullgraph=True, backend=compiler)(q, kc, vc, *args)
-    case.check_caches(kc.numpy(), vc.numpy())  # the two appends, each once, and nothing else
-    case.check_caches(eager_kc.numpy(), eager_vc.numpy())
+        eager = decode_steps(q, eager_kv, *args)
+        compiled = torch.compile(decode_steps, fullgraph=True, backend=compiler)(q, kv, *args)
+    case.check_caches(kv[0].numpy(), kv[1].numpy())  # the two appends, each once, and nothing else
+    case.check_caches(eager_kv[0].numpy(), eager_kv[1].numpy())
     for n, (e, c) in enumerate(zip(eager, compiled)):  # the same library calls on the same data; the reads
         assert torch.equal(c, e), f"output {n}"       # after the appends saw them
     # The last call attended over both appended rows, as the reference computes it.
-    case.k_cache, case.v_cache = to_numpy(kc), to_numpy(vc)
+    case.k_cache, case.v_cache = kv[0].numpy(), kv[1].numpy()
     case.check(compiled[3].numpy(), None)
 
 
