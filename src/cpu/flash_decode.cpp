@@ -49,7 +49,8 @@ inline V load_row(const Half* p) { return simd::load_f16(reinterpret_cast<const 
 // NR·NJ independent accumulators keep the FMA pipes full where one dot product is a chain of D / W dependent
 // FMAs.
 // The next key block's K and V rows of one KV head, requested a key at a time while this block's scores are
-// computed: a head's rows are Hkv · D elements apart, too sparse for the hardware prefetchers to follow.
+// computed: a head's rows are Hkv · D elements apart, too sparse for the hardware prefetchers to follow. Into L2
+// (locality 2), not L1: a block of every head of the tile (64 keys · 8 heads · 512 B) is more than L1 holds.
 template <class T>
 struct Ahead {
   const T* k = nullptr;  // the head's K and V at key offset 0
@@ -61,8 +62,8 @@ struct Ahead {
     if (j >= n) return;
     const char* kr = reinterpret_cast<const char*>(k + koff[j]);
     const char* vr = reinterpret_cast<const char*>(v + voff[j]);
-    for (int b = 0; b < k_bytes; b += 64) __builtin_prefetch(kr + b, 0, 3);
-    for (int b = 0; b < v_bytes; b += 64) __builtin_prefetch(vr + b, 0, 3);
+    for (int b = 0; b < k_bytes; b += 64) __builtin_prefetch(kr + b, 0, 2);
+    for (int b = 0; b < v_bytes; b += 64) __builtin_prefetch(vr + b, 0, 2);
   }
 };
 
