@@ -280,5 +280,36 @@ std::vector<KvCase> cases() {
 INSTANTIATE_TEST_SUITE_P(Cases, KvCache, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<KvCase>& i) { return i.param.v.label; });
 
+// Drawn cases: lengths (0 included), Sq, GQA, head dims, page sizes, appends, splits, masks and hooks from the
+// run's seed (printed by the suite; FLASHTILE_TEST_SEED replays it), each one checked like the listed cases.
+std::vector<KvCase> drawn_cases() {
+  std::mt19937_64 rng(run_seed() ^ 0x6b7663616368ull);
+  auto u = [&](std::int64_t n) { return static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(n)); };
+  std::vector<KvCase> out;
+  for (int i = 0; i < 24; ++i) {
+    const std::int64_t b = 1 + u(3), sq = 1 + u(5), hkv = 1 + u(3), g = std::int64_t{1} << u(3);
+    const std::int64_t d = 8 * (1 + u(12)), dv = 8 * (1 + u(12));
+    const std::int64_t snew = u(3) == 0 ? 0 : 1 + u(sq);
+    std::vector<std::int64_t> lens;
+    for (std::int64_t s = 0; s < b; ++s) lens.push_back(std::max(snew, u(4) == 0 ? u(8) : u(700)));
+    const DType t = u(3) == 0 ? DType::float32 : u(2) == 0 ? DType::bfloat16 : DType::float16;
+    KvCase k = kv(var("Drawn" + std::to_string(i), b, sq, lens, hkv * g, hkv, d, dv, t), snew,
+                  u(2) == 0 ? 0 : 16 * (1 + u(4)));
+    k.slots = k.page == 0 && u(2) == 0;
+    k.splits = static_cast<int>(u(4));  // 0 = automatic
+    k.v.causal = u(2) == 0;
+    if (u(3) == 0) k.v.window = {u(100), k.v.causal ? 0 : u(3) - 1};
+    if (u(4) == 0) k.v.softcap = 15.0f;
+    if (u(4) == 0) k.v.alibi = 1 + static_cast<int>(u(2));
+    k.v.sinks = u(4) == 0;
+    if (u(4) == 0) k.v.layout = Layout::padded;
+    out.push_back(k);
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Drawn, KvCache, ::testing::ValuesIn(drawn_cases()),
+                         [](const ::testing::TestParamInfo<KvCase>& i) { return i.param.v.label; });
+
 }  // namespace
 }  // namespace ft_test

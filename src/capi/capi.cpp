@@ -1,4 +1,4 @@
-// The C ABI of include/flashtile/capi.h over flashtile::forward / backward. Integer arguments are
+// The C ABI of include/flashtile/capi.h over flashtile::forward / backward / forward_kvcache. Integer arguments are
 // range-checked here, before they become C++ enums or bools: a cast of an out-of-range value to DType would
 // be a value no switch expects.
 #include "flashtile/capi.h"
@@ -187,6 +187,35 @@ int ft_backward_ex(const ft_tensor* q, const ft_tensor* k, const ft_tensor* v, c
                                view("out", out, t, device), view("dout", dout, t, device),
                                view("lse", lse, flashtile::DType::float32, device), view("dq", dq, t, device),
                                view("dk", dk, t, device), view("dv", dv, t, device), o);
+  });
+}
+
+int ft_forward_kvcache(const ft_tensor* q, const ft_tensor* k_cache, const ft_tensor* v_cache, const ft_tensor* k_new,
+                       const ft_tensor* v_new, const ft_tensor* cache_seqlens, const ft_tensor* block_table,
+                       const ft_tensor* cache_batch_idx, const ft_tensor* out, const ft_tensor* lse, int num_splits,
+                       int dtype, int device, double scale, int causal, const char* backend, int strict,
+                       const ft_variants* variants, char* msg, int msg_len) {
+  return guarded(msg, msg_len, [&] {
+    const flashtile::DType t = checked_dtype(dtype);
+    check_device(device);
+    const flashtile::Options o = with_variants(
+        options(scale, checked_flag("causal", causal), false, backend, checked_flag("strict", strict)), variants,
+        device, false);
+    auto optional = [device](const char* name, const ft_tensor* x, flashtile::DType dt) {
+      return x == nullptr ? flashtile::TensorView{} : view(name, x, dt, device);
+    };
+    using flashtile::DType;
+    flashtile::KVCache c;
+    c.k_cache = view("k_cache", k_cache, t, device);
+    c.v_cache = view("v_cache", v_cache, t, device);
+    c.k_new = optional("k_new", k_new, t);
+    c.v_new = optional("v_new", v_new, t);
+    c.cache_seqlens = optional("cache_seqlens", cache_seqlens, DType::int32);
+    c.block_table = optional("block_table", block_table, DType::int32);
+    c.cache_batch_idx = optional("cache_batch_idx", cache_batch_idx, DType::int32);
+    c.num_splits = num_splits;
+    return flashtile::forward_kvcache(view("q", q, t, device), c, view("out", out, t, device),
+                                      optional("lse", lse, DType::float32), o);
   });
 }
 

@@ -48,10 +48,31 @@ inline V load_row(const Half* p) { return simd::load_f16(reinterpret_cast<const 
 // s[r][j] = q_r · k_j for NR rows (q: ldq-strided floats, pre-scaled) and keys kp[j0, j1), NJ keys at a time:
 // NR·NJ independent accumulators keep the FMA pipes full where one dot product is a chain of D / W dependent
 // FMAs.
+// The next key block's K and V rows of one KV head, requested a key at a time while this block's scores are
+// computed: a head's rows are Hkv · D elements apart, too sparse for the hardware prefetchers to follow. Into L2
+// (locality 2), not L1: a block of every head of the tile (64 keys · 8 heads · 512 B) is more than L1 holds.
+template <class T>
+struct Ahead {
+  const T* k = nullptr;  // the head's K and V at key offset 0
+  const T* v = nullptr;
+  const std::int64_t* koff = nullptr;  // the next block's row offsets (core/params.h kv_row)
+  const std::int64_t* voff = nullptr;
+  int n = 0, k_bytes = 0, v_bytes = 0;
+  void fetch(int j) const {
+    if (j >= n) return;
+    const char* kr = reinterpret_cast<const char*>(k + koff[j]);
+    const char* vr = reinterpret_cast<const char*>(v + voff[j]);
+    for (int b = 0; b < k_bytes; b += 64) __builtin_prefetch(kr + b, 0, 2);
+    for (int b = 0; b < v_bytes; b += 64) __builtin_prefetch(vr + b, 0, 2);
+  }
+};
+
 template <int NR, int NJ, class T>
-void qk_rows(const float* q, int ldq, int d, const T* const* kp, int j0, int j1, float* s, int lds) {
+void qk_rows(const float* q, int ldq, int d, const T* const* kp, int j0, int j1, float* s, int lds,
+             const Ahead<T>& ahead = {}) {
   int j = j0;
   for (; j + NJ <= j1; j += NJ) {
+    for (int u = 0; u < NJ; ++u) ahead.fetch(j + u);
     float sum[NR][NJ] = {};
     int c = 0;
 #if FT_SIMD_WIDTH
@@ -77,7 +98,7 @@ void qk_rows(const float* q, int ldq, int d, const T* const* kp, int j0, int j1,
     for (int r = 0; r < NR; ++r)
       for (int u = 0; u < NJ; ++u) s[r * lds + j + u] = sum[r][u];
   }
-  if (j < j1) qk_rows<NR, 1>(q, ldq, d, kp, j, j1, s, lds);
+  if (j < j1) qk_rows<NR, 1>(q, ldq, d, kp, j, j1, s, lds, ahead);
 }
 
 // acc[r][c] += Σ_{j in [j0, j1)} p[r][j] · v_j[c] for NR rows and the columns [c, c + NC·W·k) that fit below dv,
@@ -138,14 +159,16 @@ void row_groups(int rows, F&& f) {
   }
 }
 
-// Per-thread scratch: one tile of packed query rows (columns padded to 16 floats) and a key block's row addresses.
+// Per-thread scratch: one tile of packed query rows (columns padded to 16 floats), their heads, and two key
+// blocks' row offsets (this block and the next, which is being prefetched).
 template <class T>
 struct DecodeScratch {
   int ldq, ldv;
   std::unique_ptr<float[]> q, s, acc, m, l;
   std::unique_ptr<int[]> lo, hi;
+  std::unique_ptr<std::int64_t[]> koff, voff;
   std::unique_ptr<const T*[]> kp, vp;
-  std::vector<HeadInfo> heads;  // capacity kept across the thread's tasks
+  std::vector<HeadInfo> heads;  // one per row; capacity kept across the thread's tasks
   static std::unique_ptr<float[]> zeros(std::int64_t n) {
     return std::unique_ptr<float[]>(new float[static_cast<std::size_t>(n)]());
   }
@@ -153,49 +176,72 @@ struct DecodeScratch {
       : ldq(padded(d)), ldv(padded(dv)), q(zeros(static_cast<std::int64_t>(kDecodeRows) * ldq)),
         s(zeros(static_cast<std::int64_t>(kDecodeRows) * kDecodeKeys)),
         acc(zeros(static_cast<std::int64_t>(kDecodeRows) * ldv)), m(zeros(kDecodeRows)), l(zeros(kDecodeRows)),
-        lo(new int[kDecodeRows]), hi(new int[kDecodeRows]), kp(new const T*[kDecodeKeys]),
-        vp(new const T*[kDecodeKeys]) {}
-};
-
-// The packed rows of one task: rows [r0, r0 + rows) of KV head hk of sequence b, row r being token r / G of
-// query head hk·G + r % G.
-struct RowTile {
-  std::int64_t b, hk, r0;
-  int rows;
-  std::int64_t group;
-  std::int64_t token(int r) const { return (r0 + r) / group; }
-  std::int64_t head(int r) const { return hk * group + (r0 + r) % group; }
+        lo(new int[kDecodeRows]), hi(new int[kDecodeRows]), koff(new std::int64_t[2 * kDecodeKeys]),
+        voff(new std::int64_t[2 * kDecodeKeys]), kp(new const T*[kDecodeKeys]), vp(new const T*[kDecodeKeys]) {
+    heads.reserve(kDecodeRows);
+  }
 };
 
 // Keys [k_begin, k_end) of the tile's rows for split `split` of `splits`: the rows' visible keys (one contiguous
 // range, core/mask.h) cut into equal parts on 16-key boundaries.
-detail::Range split_keys(const detail::MaskPolicy& mask, const RowTile& t, int split, int splits) {
-  const std::int64_t i0 = t.token(0), i1 = t.token(t.rows - 1);
-  const detail::Range all = mask.keys(i0, i1 - i0 + 1);
+detail::Range split_keys(const detail::MaskPolicy& mask, std::int64_t i0, std::int64_t n_tok, int split, int splits) {
+  const detail::Range all = mask.keys(i0, n_tok);
   if (all.empty()) return {0, 0};
   const std::int64_t part = ((all.size() + splits - 1) / splits + 15) / 16 * 16;
   const std::int64_t begin = std::min(all.end, all.begin + split * part);
   return {begin, std::min(all.end, begin + part)};
 }
 
+// One key block [k0, k0 + n) for the rows of one KV head (rows [r_begin, r_end) of the tile): scores, hook,
+// mask, online softmax, P·V.
+template <class T>
+void block_rows(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPolicy& mask, int r_begin, int r_end,
+                std::int64_t k0, int n, bool partial, int d, int dv, const Ahead<T>& ahead) {
+  const T* const* kp = w.kp.get();
+  const T* const* vp = w.vp.get();
+  row_groups(r_end - r_begin, [&]<int NR>(int g) {
+    const int r = r_begin + g;
+    qk_rows<NR, NR <= 2 ? 4 : 2>(w.q.get() + static_cast<std::int64_t>(r) * w.ldq, w.ldq, d, kp, 0, n,
+                                 w.s.get() + static_cast<std::int64_t>(r) * kDecodeKeys, kDecodeKeys,
+                                 g == 0 ? ahead : Ahead<T>{});
+  });
+  for (int r = r_begin; r < r_end; ++r) {
+    float* sr = w.s.get() + static_cast<std::int64_t>(r) * kDecodeKeys;
+    score_row(w.heads[static_cast<std::size_t>(r)].hook, t.token(r), k0, sr, n);
+    if (partial) {
+      const TileKeys vis = mask_row(mask, t.token(r), k0, n, sr);
+      w.lo[r] = vis.begin;
+      w.hi[r] = vis.end;
+    }
+    online_softmax_row(sr, n, w.m[r], w.l[r], w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, dv);
+  }
+  if (!partial) {
+    row_groups(r_end - r_begin, [&]<int NR>(int g) {
+      const int r = r_begin + g;
+      pv_rows<NR>(w.s.get() + static_cast<std::int64_t>(r) * kDecodeKeys, kDecodeKeys, vp, 0, n, dv,
+                  w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.ldv);
+    });
+    return;
+  }
+  for (int r = r_begin; r < r_end; ++r)  // row by row: a key a row does not see never enters its sums
+    pv_rows<1>(w.s.get() + static_cast<std::int64_t>(r) * kDecodeKeys, kDecodeKeys, vp, w.lo[r], w.hi[r], dv,
+               w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.ldv);
+}
+
 template <class T>
 void attend_tile(const AttnParams& p, DecodeScratch<T>& w, const RowTile& t, int split, int splits, float* parts) {
-  const int d = static_cast<int>(p.hdim), dv = static_cast<int>(p.hdim_v);
-  // The hooks and sinks of the tile's query heads: heads[g] is row g's head, and row r's is row (r mod the
-  // count)'s, since the heads repeat every G rows.
-  std::vector<HeadInfo>& heads = w.heads;
-  heads.clear();
-  for (int g = 0; g < std::min<std::int64_t>(t.group, t.rows); ++g) heads.emplace_back(p, t.b, t.head(g));
-  const auto info = [&](int r) -> const HeadInfo& { return heads[static_cast<std::size_t>(r) % heads.size()]; };
-  const detail::MaskPolicy& mask = heads.front().mask;
-  const std::int64_t i0 = t.token(0), n_tok = t.token(t.rows - 1) - i0 + 1;
+  const int d = static_cast<int>(p.hdim), dv = static_cast<int>(p.hdim_v), rows = t.rows();
+  w.heads.clear();
+  for (int r = 0; r < rows; ++r) w.heads.emplace_back(p, t.b, t.head(r));
+  const detail::MaskPolicy& mask = w.heads.front().mask;  // one sequence: one mask for every head
+  const std::int64_t i0 = t.token(0), n_tok = t.token(t.per_head - 1) - i0 + 1;
 
-  for (int r = 0; r < t.rows; ++r) {
+  for (int r = 0; r < rows; ++r) {
     float* dst = w.q.get() + static_cast<std::int64_t>(r) * w.ldq;
     const T* src = row_ptr<T>(p.q, p.q_stride, t.b, t.token(r), t.head(r));
     for (int c = 0; c < d; ++c) dst[c] = to_float(src[c]) * p.softmax_scale;
-    if (split == 0) {
-      start_row(info(r), w.m[r], w.l[r]);
+    if (split == 0) {  // the sink enters one split only, so that the merge counts it once
+      start_row(w.heads[static_cast<std::size_t>(r)], w.m[r], w.l[r]);
     } else {
       w.m[r] = kNegInf;
       w.l[r] = 0.0f;
@@ -203,49 +249,45 @@ void attend_tile(const AttnParams& p, DecodeScratch<T>& w, const RowTile& t, int
     std::fill_n(w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.ldv, 0.0f);
   }
 
-  const detail::Range keys = split_keys(mask, t, split, splits);
-  const T* kbase = static_cast<const T*>(p.k) + t.hk * p.k_stride.head;
-  const T* vbase = static_cast<const T*>(p.v) + t.hk * p.v_stride.head;
-  const T** kp = w.kp.get();
-  const T** vp = w.vp.get();
-  for (std::int64_t k0 = keys.begin; k0 < keys.end; k0 += kDecodeKeys) {
+  const detail::Range keys = split_keys(mask, i0, n_tok, split, splits);
+  const T* kbase = static_cast<const T*>(p.k);
+  const T* vbase = static_cast<const T*>(p.v);
+  // Row offsets of the block at k0 into slot `half` of the double buffer; returns its key count.
+  const auto gather = [&](std::int64_t k0, int half) {
     const int n = static_cast<int>(std::min<std::int64_t>(kDecodeKeys, keys.end - k0));
-    const detail::TileMask tm = mask.tile(i0, n_tok, k0, n);
-    if (tm == detail::TileMask::skip) continue;
     for (int j = 0; j < n; ++j) {
       const detail::KvRow o = detail::kv_row(p, t.b, k0 + j);
-      kp[j] = kbase + o.k;
-      vp[j] = vbase + o.v;
+      w.koff[half * kDecodeKeys + j] = o.k;
+      w.voff[half * kDecodeKeys + j] = o.v;
     }
-    row_groups(t.rows, [&]<int NR>(int r) {
-      qk_rows<NR, NR <= 2 ? 4 : 2>(w.q.get() + static_cast<std::int64_t>(r) * w.ldq, w.ldq, d, kp, 0, n,
-                                   w.s.get() + static_cast<std::int64_t>(r) * kDecodeKeys, kDecodeKeys);
-    });
-    const bool partial = tm == detail::TileMask::partial;
-    for (int r = 0; r < t.rows; ++r) {
-      float* sr = w.s.get() + static_cast<std::int64_t>(r) * kDecodeKeys;
-      score_row(info(r).hook, t.token(r), k0, sr, n);
-      if (partial) {
-        const TileKeys vis = mask_row(mask, t.token(r), k0, n, sr);
-        w.lo[r] = vis.begin;
-        w.hi[r] = vis.end;
+    return n;
+  };
+  int half = 0;
+  int n = keys.begin < keys.end ? gather(keys.begin, half) : 0;
+  for (std::int64_t k0 = keys.begin; k0 < keys.end; k0 += kDecodeKeys, half ^= 1) {
+    const int n_here = n;
+    n = k0 + kDecodeKeys < keys.end ? gather(k0 + kDecodeKeys, half ^ 1) : 0;
+    const detail::TileMask tm = mask.tile(i0, n_tok, k0, n_here);
+    if (tm == detail::TileMask::skip) continue;
+    const std::int64_t* koff = w.koff.get() + half * kDecodeKeys;
+    const std::int64_t* voff = w.voff.get() + half * kDecodeKeys;
+    for (int hh = 0; hh < t.heads; ++hh) {
+      const std::int64_t hk = t.hk0 + hh;
+      const T* kh = kbase + hk * p.k_stride.head;
+      const T* vh = vbase + hk * p.v_stride.head;
+      for (int j = 0; j < n_here; ++j) {
+        w.kp[j] = kh + koff[j];
+        w.vp[j] = vh + voff[j];
       }
-      online_softmax_row(sr, n, w.m[r], w.l[r], w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, dv);
-    }
-    if (!partial) {
-      row_groups(t.rows, [&]<int NR>(int r) {
-        pv_rows<NR>(w.s.get() + static_cast<std::int64_t>(r) * kDecodeKeys, kDecodeKeys, vp, 0, n, dv,
-                    w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.ldv);
-      });
-    } else {
-      for (int r = 0; r < t.rows; ++r)
-        pv_rows<1>(w.s.get() + static_cast<std::int64_t>(r) * kDecodeKeys, kDecodeKeys, vp, w.lo[r], w.hi[r], dv,
-                   w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.ldv);
+      const Ahead<T> ahead{kh, vh, w.koff.get() + (half ^ 1) * kDecodeKeys, w.voff.get() + (half ^ 1) * kDecodeKeys, n,
+                           static_cast<int>(sizeof(T)) * d, static_cast<int>(sizeof(T)) * dv};
+      block_rows(w, t, mask, hh * t.per_head, (hh + 1) * t.per_head, k0, n_here, tm == detail::TileMask::partial, d,
+                 dv, ahead);
     }
   }
 
   // The rows' results: final (one split) or a partial for the merge, [row][split][dv + 1] with the LSE last.
-  for (int r = 0; r < t.rows; ++r) {
+  for (int r = 0; r < rows; ++r) {
     const float l = w.l[r], m = w.m[r];
     const float* ar = w.acc.get() + static_cast<std::int64_t>(r) * w.ldv;
     const bool empty = l == 0.0f;  // no key, or all −inf (semantics: O = 0, LSE = −inf)
@@ -323,23 +365,18 @@ void decode_typed(const AttnParams& p, const DecodePlan& plan, int threads) {
   if (p.seqlen_new > 0) append<T>(p, threads);
   if (p.seqlen_q == 0 || p.heads_q == 0) return;  // an append without queries
   const int splits = plan.splits;
-  const std::int64_t rows = p.group() * p.seqlen_q;
-  const std::int64_t tiles = plan.row_tiles, tasks = p.batch * p.heads_kv * tiles * splits;
+  const std::int64_t tiles = plan.tiles, tasks = p.batch * tiles * splits;
   // The splits' partials: grown per calling thread and kept, so that steady decoding allocates nothing here.
   thread_local std::vector<float> parts;
-  if (splits > 1) parts.resize(std::max(parts.size(), static_cast<std::size_t>(p.batch * p.heads_q * p.seqlen_q * splits *
-                                                                                (p.hdim_v + 1))));
+  if (splits > 1)
+    parts.resize(std::max(parts.size(), static_cast<std::size_t>(p.batch * p.heads_q * p.seqlen_q * splits * (p.hdim_v + 1))));
   float* part_data = parts.data();
   parallel_tasks(
       tasks, threads, [&] { return DecodeScratch<T>(static_cast<int>(p.hdim), static_cast<int>(p.hdim_v)); },
       [&](DecodeScratch<T>& w, std::int64_t task) {
         const int split = static_cast<int>(task % splits);
-        std::int64_t rest = task / splits;
-        const std::int64_t tile = rest % tiles;
-        rest /= tiles;
-        const RowTile t{rest / p.heads_kv, rest % p.heads_kv, tile * kDecodeRows,
-                        static_cast<int>(std::min<std::int64_t>(kDecodeRows, rows - tile * kDecodeRows)), p.group()};
-        attend_tile<T>(p, w, t, split, splits, part_data);
+        const std::int64_t tile = task / splits % tiles, b = task / splits / tiles;
+        attend_tile<T>(p, w, plan.tile(b, tile), split, splits, part_data);
       });
   if (splits == 1) return;
   parallel_tasks(p.batch * p.heads_kv, threads, [] { return 0; }, [&](int&, std::int64_t task) {
