@@ -241,8 +241,18 @@ def test_seqlens_int_empty_sequences_and_no_seqlens(rng):
     assert same_bits(flashtile.flash_attn_with_kvcache(case.q, case.k_cache, case.v_cache), out)
 
 
+def test_append_only(rng):
+    # No query tokens (Sq = 0): the call only writes k and v into the cache (a prefill's keys, say).
+    case = Case(rng, "bfloat16", sq=0, snew=5, page=32)
+    out, lse = flashtile.flash_attn_with_kvcache(case.q, case.k_cache, case.v_cache, return_lse=True,
+                                                 **case.kwargs())
+    assert out.shape == (3, 0, 4, 32) and lse.shape == (3, 4, 0)
+    case.check_caches(case.k_cache, case.v_cache)
+
+
 def test_strided_operands(rng):
-    # q and the new rows as views with padded rows; the caches as one interleaved [.., 2, Hkv, D] buffer's halves.
+    # q as a view whose heads are strided (one padding head); the caches as an interleaved [.., 2, Hkv, D] buffer's
+    # halves.
     case = Case(rng, "float32", b=2, sq=2, snew=2, hq=4, hkv=2)
     kv = np.stack([case.k_cache, case.v_cache], axis=2)  # [B, capacity, 2, Hkv, D]
     q = np.pad(case.q, ((0, 0), (0, 0), (0, 1), (0, 0)))[:, :, :4]
