@@ -26,9 +26,19 @@ import subprocess
 import sys
 import time
 
-import torch
-import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
+if __name__ == "__main__" and os.environ.get("FT_DECODE_CHILD") != "1":
+    # torch's wheel brings its own OpenMP runtime next to the one libflashtile_capi.so links: threads of one that
+    # spin after their parallel region steal the cores from the other. Both read these before starting threads,
+    # so they are set before torch is imported: passive waits, and the thread count of the run.
+    threads = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--threads=")), None)
+    if threads is None and "--threads" in sys.argv:
+        threads = sys.argv[sys.argv.index("--threads") + 1]
+    os.environ.update(FT_DECODE_CHILD="1", OMP_WAIT_POLICY="passive", OMP_NUM_THREADS=threads or str(os.cpu_count()))
+    os.execv(sys.executable, [sys.executable] + sys.argv)
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention.bias import causal_lower_right  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -37,10 +47,16 @@ from gpu_bench import FlashTile  # noqa: E402  the ctypes binding of the C ABI
 HQ, HKV, D = 32, 8, 128
 
 
-def read_bandwidth(threads):
-    buf = torch.ones(1 << 28, dtype=torch.float32)  # 1 GiB
+_BUF = []
+
+
+def read_bandwidth(reps=5):
+    """GB/s of torch.sum over 1 GiB of float32, best of `reps`."""
+    if not _BUF:
+        _BUF.append(torch.ones(1 << 28, dtype=torch.float32))
+    buf = _BUF[0]
     best = float("inf")
-    for _ in range(5):
+    for _ in range(reps):
         t0 = time.perf_counter()
         buf.sum()
         best = min(best, time.perf_counter() - t0)
@@ -99,7 +115,7 @@ def bench_cell(ft, cell, reps):
         else:
             ft.forward_kvcache(q, k, v, out, cache_seqlens=lens, k_new=k_new, v_new=v_new, causal=True)
 
-    row = {**cell, "kv_bytes": kv_bytes, "report": report.splitlines()[0]}
+    row = {**cell, "kv_bytes": kv_bytes, "report": report.splitlines()[0], "read_gbs": read_bandwidth(3)}
     row["flashtile_s"] = median_s(flashtile_call, reps)
     if not page:
         qt, kt, vt = q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
@@ -117,13 +133,16 @@ def markdown(meta, rows):
     lines = [f"# CPU decode against a KV cache ({meta['date']})", "",
              f"Machine: {meta['cpu']}, {meta['threads']} threads; torch {meta['torch']}. Command: `{meta['command']}` "
              f"(commit {meta['commit']}).", "",
-             f"Read bandwidth measured in the same process (torch.sum over 1 GiB float32, best of 5): "
-             f"**{meta['read_gbs']:.1f} GB/s**.", "",
+             f"Read bandwidth measured in the same process (torch.sum over 1 GiB float32, best of 5) at the start: "
+             f"**{meta['read_gbs']:.1f} GB/s**, and again (best of 3) before each cell, the figure its % is of: this "
+             "VM's bandwidth moves with its neighbours.", "",
+             "Threads: OMP_NUM_THREADS as --threads, OMP_WAIT_POLICY=passive (torch's OpenMP runtime and the one "
+             "FlashTile links share the cores).", "",
              "GQA 32/8, head dim 128, bf16, causal over the Sq new tokens (appended in place by FlashTile's call). "
              "GB/s = bytes of K+V the call reads / median time; % = of the read bandwidth. torch: "
              "scaled_dot_product_attention with enable_gqa=True (and causal_lower_right for Sq > 1) on a contiguous "
              "(B, H, L, D) copy of the same values (no paged form).", "",
-             "| Sq | batch | keys | cache | FlashTile GB/s | % read bw | torch SDPA GB/s | FlashTile ÷ torch | splits |",
+             "| Sq | batch | keys | cache | FlashTile GB/s | % of read bw (GB/s, this cell) | torch SDPA GB/s | FlashTile ÷ torch | splits |",
              "|---:|---:|---:|---|---:|---:|---:|---:|---|"]
     for r in rows:
         torch_gbs = r.get("torch_gbs")
@@ -131,7 +150,7 @@ def markdown(meta, rows):
         splits = next((w.split("=")[1] for w in r["report"].split() if w.startswith("splits=")), "1")
         cache = f"paged {r['page']}" if r["page"] else "contiguous"
         lines.append(f"| {r['sq']} | {r['batch']} | {r['keys']} | {cache} | {r['flashtile_gbs']:.1f} | "
-                     f"{100 * r['flashtile_gbs'] / meta['read_gbs']:.0f} % | "
+                     f"{100 * r['flashtile_gbs'] / r['read_gbs']:.0f} % of {r['read_gbs']:.1f} | "
                      f"{'%.1f' % torch_gbs if torch_gbs else '—'} | {ratio} | {splits} |")
     return "\n".join(lines) + "\n"
 
@@ -169,7 +188,6 @@ def main():
     if args.reps < 20:
         sys.exit("--reps: at least 20 (medians of fewer calls move too much here)")
     torch.set_num_threads(args.threads)
-    os.environ["OMP_NUM_THREADS"] = str(args.threads)
     ft = FlashTile(args.lib)
     commit = subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
@@ -177,7 +195,7 @@ def main():
             "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")),
                         platform.processor()),
             "threads": args.threads, "torch": torch.__version__, "commit": commit,
-            "command": "python3 bench/decode.py " + " ".join(sys.argv[1:]), "read_gbs": read_bandwidth(args.threads)}
+            "command": "python3 bench/decode.py " + " ".join(sys.argv[1:]), "read_gbs": read_bandwidth()}
     rows = []
     for cell in cells(args.quick):
         row = bench_cell(ft, cell, args.reps)

@@ -168,6 +168,7 @@ struct DecodeScratch {
   std::unique_ptr<int[]> lo, hi;
   std::unique_ptr<std::int64_t[]> koff, voff;
   std::unique_ptr<const T*[]> kp, vp;
+  std::unique_ptr<float[]> kt, vf, pv;  // the matrix-product path (many rows): Kᵀ, V and P·V of a block in float
   std::vector<HeadInfo> heads;  // one per row; capacity kept across the thread's tasks
   static std::unique_ptr<float[]> zeros(std::int64_t n) {
     return std::unique_ptr<float[]>(new float[static_cast<std::size_t>(n)]());
@@ -177,7 +178,9 @@ struct DecodeScratch {
         s(zeros(static_cast<std::int64_t>(kDecodeRows) * kDecodeKeys)),
         acc(zeros(static_cast<std::int64_t>(kDecodeRows) * ldv)), m(zeros(kDecodeRows)), l(zeros(kDecodeRows)),
         lo(new int[kDecodeRows]), hi(new int[kDecodeRows]), koff(new std::int64_t[2 * kDecodeKeys]),
-        voff(new std::int64_t[2 * kDecodeKeys]), kp(new const T*[kDecodeKeys]), vp(new const T*[kDecodeKeys]) {
+        voff(new std::int64_t[2 * kDecodeKeys]), kp(new const T*[kDecodeKeys]), vp(new const T*[kDecodeKeys]),
+        kt(zeros(static_cast<std::int64_t>(d) * kDecodeKeys)), vf(zeros(static_cast<std::int64_t>(kDecodeKeys) * ldv)),
+        pv(zeros(static_cast<std::int64_t>(kDecodeRows) * ldv)) {
     heads.reserve(kDecodeRows);
   }
 };
@@ -192,6 +195,45 @@ detail::Range split_keys(const detail::MaskPolicy& mask, std::int64_t i0, std::i
   return {begin, std::min(all.end, begin + part)};
 }
 
+// From this many rows of one KV head on (Sq · G, e.g. speculative decoding), a block is converted to float once,
+// Kᵀ and V, and both products run on the forward's register-tiled matrix kernel (tile_ops.h gemm_nn): the
+// per-row dot products above reload and widen each key row once per four rows and pay a horizontal sum per score.
+constexpr int kMatrixRows = 16;
+
+template <class T>
+void block_rows_gemm(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPolicy& mask, int r_begin, int r_end,
+                     std::int64_t k0, int n, bool partial, int d, int dv, const Ahead<T>& ahead) {
+  const int rows = r_end - r_begin, np = padded(n);
+  float* kt = w.kt.get();
+  for (int j = 0; j < n; ++j) {
+    ahead.fetch(j);
+    const T* kr = w.kp[j];
+    const T* vr = w.vp[j];
+    for (int c = 0; c < d; ++c) kt[c * kDecodeKeys + j] = to_float(kr[c]);
+    float* vd = w.vf.get() + static_cast<std::int64_t>(j) * w.ldv;
+    for (int c = 0; c < dv; ++c) vd[c] = to_float(vr[c]);
+  }
+  for (int c = 0; c < d; ++c)  // columns past n: zeros that the padded product multiplies and nobody reads
+    std::fill(kt + c * kDecodeKeys + n, kt + c * kDecodeKeys + np, 0.0f);
+  float* s = w.s.get() + static_cast<std::int64_t>(r_begin) * kDecodeKeys;
+  gemm_nn(rows, np, d, w.q.get() + static_cast<std::int64_t>(r_begin) * w.ldq, w.ldq, kt, kDecodeKeys, s, kDecodeKeys,
+          false);
+  for (int r = r_begin; r < r_end; ++r) {
+    float* sr = w.s.get() + static_cast<std::int64_t>(r) * kDecodeKeys;
+    score_row(w.heads[static_cast<std::size_t>(r)].hook, t.token(r), k0, sr, n);
+    if (partial) {
+      const TileKeys vis = mask_row(mask, t.token(r), k0, n, sr);
+      w.lo[r] = vis.begin;
+      w.hi[r] = vis.end;
+    }
+    online_softmax_row(sr, n, w.m[r], w.l[r], w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, dv);
+  }
+  // P·V into its own tile, then added (the two-level sum of pv_cols); partial blocks bound each row's keys.
+  gemm_nn(rows, w.ldv, n, s, kDecodeKeys, w.vf.get(), w.ldv, w.pv.get(), w.ldv, false, partial ? w.lo.get() + r_begin : nullptr,
+          partial ? w.hi.get() + r_begin : nullptr);
+  add_rows(rows, w.ldv, w.pv.get(), w.acc.get() + static_cast<std::int64_t>(r_begin) * w.ldv);
+}
+
 // One key block [k0, k0 + n) for the rows of one KV head (rows [r_begin, r_end) of the tile): scores, hook,
 // mask, online softmax, P·V.
 template <class T>
@@ -199,6 +241,7 @@ void block_rows(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPolicy&
                 std::int64_t k0, int n, bool partial, int d, int dv, const Ahead<T>& ahead) {
   const T* const* kp = w.kp.get();
   const T* const* vp = w.vp.get();
+  if (r_end - r_begin >= kMatrixRows) return block_rows_gemm(w, t, mask, r_begin, r_end, k0, n, partial, d, dv, ahead);
   row_groups(r_end - r_begin, [&]<int NR>(int g) {
     const int r = r_begin + g;
     qk_rows<NR, NR <= 2 ? 4 : 2>(w.q.get() + static_cast<std::int64_t>(r) * w.ldq, w.ldq, d, kp, 0, n,
