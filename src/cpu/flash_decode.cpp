@@ -173,15 +173,25 @@ struct DecodeScratch {
   static std::unique_ptr<float[]> zeros(std::int64_t n) {
     return std::unique_ptr<float[]>(new float[static_cast<std::size_t>(n)]());
   }
-  DecodeScratch(int d, int dv)
-      : ldq(padded(d)), ldv(padded(dv)), q(zeros(static_cast<std::int64_t>(kDecodeRows) * ldq)),
+  int d, dv;
+  DecodeScratch(int d_, int dv_)
+      : ldq(padded(d_)), ldv(padded(dv_)), q(zeros(static_cast<std::int64_t>(kDecodeRows) * ldq)),
         s(zeros(static_cast<std::int64_t>(kDecodeRows) * kDecodeKeys)),
         acc(zeros(static_cast<std::int64_t>(kDecodeRows) * ldv)), m(zeros(kDecodeRows)), l(zeros(kDecodeRows)),
         lo(new int[kDecodeRows]), hi(new int[kDecodeRows]), koff(new std::int64_t[2 * kDecodeKeys]),
         voff(new std::int64_t[2 * kDecodeKeys]), kp(new const T*[kDecodeKeys]), vp(new const T*[kDecodeKeys]),
-        kt(zeros(static_cast<std::int64_t>(d) * kDecodeKeys)), vf(zeros(static_cast<std::int64_t>(kDecodeKeys) * ldv)),
-        pv(zeros(static_cast<std::int64_t>(kDecodeRows) * ldv)) {
+        kt(zeros(static_cast<std::int64_t>(d_) * kDecodeKeys)), vf(zeros(static_cast<std::int64_t>(kDecodeKeys) * ldv)),
+        pv(zeros(static_cast<std::int64_t>(kDecodeRows) * ldv)), d(d_), dv(dv_) {
     heads.reserve(kDecodeRows);
+  }
+  // This thread's scratch for head dims (d, dv), kept between calls: a decoding loop calls once per token, and
+  // allocating and zeroing ~250 KB per thread each time is host work on its path. Every buffer is written before
+  // it is read in a task (q, acc, m, l per tile; s, kt's used columns, pv per block), except the padding that
+  // stays zero: vf's and acc's columns past dv and q's past d, which no product reads into a result.
+  static DecodeScratch* for_thread(int hd, int hdv) {
+    thread_local std::unique_ptr<DecodeScratch> mine;
+    if (!mine || mine->d != hd || mine->dv != hdv) mine = std::make_unique<DecodeScratch>(hd, hdv);
+    return mine.get();
   }
 };
 
@@ -415,11 +425,11 @@ void decode_typed(const AttnParams& p, const DecodePlan& plan, int threads) {
     parts.resize(std::max(parts.size(), static_cast<std::size_t>(p.batch * p.heads_q * p.seqlen_q * splits * (p.hdim_v + 1))));
   float* part_data = parts.data();
   parallel_tasks(
-      tasks, threads, [&] { return DecodeScratch<T>(static_cast<int>(p.hdim), static_cast<int>(p.hdim_v)); },
-      [&](DecodeScratch<T>& w, std::int64_t task) {
+      tasks, threads, [&] { return DecodeScratch<T>::for_thread(static_cast<int>(p.hdim), static_cast<int>(p.hdim_v)); },
+      [&](DecodeScratch<T>* w, std::int64_t task) {
         const int split = static_cast<int>(task % splits);
         const std::int64_t tile = task / splits % tiles, b = task / splits / tiles;
-        attend_tile<T>(p, w, plan.tile(b, tile), split, splits, part_data);
+        attend_tile<T>(p, *w, plan.tile(b, tile), split, splits, part_data);
       });
   if (splits == 1) return;
   parallel_tasks(p.batch * p.heads_kv, threads, [] { return 0; }, [&](int&, std::int64_t task) {
