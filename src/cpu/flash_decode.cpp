@@ -1,7 +1,8 @@
 // CPU forward_kvcache (include/flashtile/kvcache.h), compiled once per ISA (FT_ISA_NS names the namespace).
 //
-// Decoding reads the whole KV cache for one or a few query tokens: it is bound by memory, not by arithmetic, so
-// this kernel is built to read every cached key and value row exactly once per call, in its own dtype:
+// Decoding reads the whole KV cache for one or a few query tokens, a few FMAs per byte: the kernel reads every
+// cached key and value row exactly once per call, in its own dtype, and spends as few instructions per row as it
+// can (on 2 AVX2 cores it is bound by instructions, ~300 per key and KV head; bench/results/cpu_decode.md):
 // - GQA packing: the G query heads that share a KV head and the Sq new tokens are the rows of one tile
 //   (decode_plan.h), so a K or V row, once loaded, serves all of them;
 // - 16-bit caches are widened in registers (simd.h load_bf16 / load_f16), never converted into a copy;
@@ -45,9 +46,6 @@ inline V load_row(const BFloat16* p) { return simd::load_bf16(reinterpret_cast<c
 inline V load_row(const Half* p) { return simd::load_f16(reinterpret_cast<const std::uint16_t*>(p)); }
 #endif
 
-// s[r][j] = q_r · k_j for NR rows (q: ldq-strided floats, pre-scaled) and keys kp[j0, j1), NJ keys at a time:
-// NR·NJ independent accumulators keep the FMA pipes full where one dot product is a chain of D / W dependent
-// FMAs.
 // The next key block's K and V rows of one KV head, requested a key at a time while this block's scores are
 // computed: a head's rows are Hkv · D elements apart, too sparse for the hardware prefetchers to follow. Into L2
 // (locality 2), not L1: a block of every head of the tile (64 keys · 8 heads · 512 B) is more than L1 holds.
@@ -67,6 +65,9 @@ struct Ahead {
   }
 };
 
+// s[r][j] = q_r · k_j for NR rows (q: ldq-strided floats, pre-scaled) and keys kp[j0, j1), NJ keys at a time:
+// NR·NJ independent accumulators keep the FMA pipes full where one dot product is a chain of D / W dependent
+// FMAs.
 template <int NR, int NJ, class T>
 void qk_rows(const float* q, int ldq, int d, const T* const* kp, int j0, int j1, float* s, int lds,
              const Ahead<T>& ahead = {}) {
