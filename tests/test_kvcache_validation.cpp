@@ -185,6 +185,12 @@ TEST(KvCacheValidation, SharedPageWrittenByOneAndReadByAnother) {
   expect_refused<flashtile::InvalidArgument>(c, {"block_table", "page 4", "sequence 0 appends"});
 }
 
+TEST(KvCacheValidation, OnePageTwiceInOneSequence) {
+  PagedCall c;
+  c.table.set(1 * 3 + 1, 2);  // sequence 1's pages {2, 2}: its append (key 20, page 2 row 4) would overwrite key 4
+  expect_refused<flashtile::InvalidArgument>(c, {"block_table", "page 2", "same sequence"});
+}
+
 TEST(KvCacheValidation, SharedPrefixPageReadByBothRuns) {
   PagedCall c;
   c.table.set(1 * 3 + 0, 4);  // a shared prefix page, full (16 rows) and only read: allowed

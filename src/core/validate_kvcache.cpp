@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "core/validate.h"
@@ -77,40 +76,47 @@ struct Values {
     return longest;
   }
 
-  // The rows the append writes, [L_b − Snew, L_b) of sequence b, against every row another sequence touches.
+  // The rows the append writes, [L_b − Snew, L_b) of sequence b, against every row that the call touches through
+  // another sequence or another of b's block-table entries. Cost: the written pages (B · (Snew / page_size + 2)
+  // entries, sorted) and one binary search per page in use; the pages in use are scanned by check() already.
   void check_writes() const {
-    struct Rows {
-      std::int64_t slot, lo, hi, b;
-      bool write;
+    struct Written {
+      std::int64_t slot, lo, hi, b, t;  // rows [lo, hi) of page (or cache slot) `slot`, logical page t of b
     };
-    std::vector<Rows> rows;  // per cache slot (contiguous) or page (paged): the row ranges each sequence touches
+    thread_local std::vector<Written> writes;  // kept between calls: validation runs on every decode step
+    writes.clear();
     const bool paged = p.page_table != nullptr;
+    const std::int64_t rows = paged ? p.page_size : p.capacity;
+    auto slot_of = [&](std::int64_t b, std::int64_t t) -> std::int64_t {
+      if (paged) return page(b, t);
+      return present(cache.cache_batch_idx) ? entry(cache.cache_batch_idx, b) : b;
+    };
     for (std::int64_t b = 0; b < p.batch; ++b) {
-      const std::int64_t len = length(b), first_new = len - p.seqlen_new;
-      if (!paged) {
-        const std::int64_t slot = present(cache.cache_batch_idx) ? entry(cache.cache_batch_idx, b) : b;
-        rows.push_back({slot, first_new, len, b, true});
-        rows.push_back({slot, 0, first_new, b, false});
-        continue;
-      }
-      for (std::int64_t t = 0; t * p.page_size < len; ++t) {
-        const std::int64_t lo = t * p.page_size, hi = std::min(len, lo + p.page_size);
-        if (first_new < hi) rows.push_back({page(b, t), std::max(lo, first_new) - lo, hi - lo, b, true});
-        if (lo < first_new) rows.push_back({page(b, t), 0, std::min(hi, first_new) - lo, b, false});
+      const std::int64_t len = length(b);
+      for (std::int64_t j = len - p.seqlen_new; j < len;) {
+        const std::int64_t t = j / rows, end = std::min(len, (t + 1) * rows);
+        writes.push_back({slot_of(b, t), j - t * rows, end - t * rows, b, t});
+        j = end;
       }
     }
-    std::sort(rows.begin(), rows.end(), [](const Rows& x, const Rows& y) { return std::tie(x.slot, x.lo) < std::tie(y.slot, y.lo); });
-    for (std::size_t i = 0; i < rows.size(); ++i)
-      for (std::size_t j = i + 1; j < rows.size() && rows[j].slot == rows[i].slot && rows[j].lo < rows[i].hi; ++j) {
-        const Rows& x = rows[i];
-        const Rows& y = rows[j];
-        if (x.b == y.b || !(x.write || y.write) || y.lo >= y.hi || x.lo >= x.hi) continue;
-        const Rows& w = x.write ? x : y;
-        const Rows& other = x.write ? y : x;
-        fail<InvalidArgument>(paged ? "block_table" : "cache_batch_idx", ": sequence ", w.b, " appends to rows [",
-                              w.lo, ", ", w.hi, ") of ", paged ? "page " : "cache slot ", w.slot, " that sequence ",
-                              other.b, other.write ? " also appends to" : " reads", "; appends must not overlap");
+    std::sort(writes.begin(), writes.end(), [](const Written& x, const Written& y) { return x.slot < y.slot; });
+    for (std::int64_t b = 0; b < p.batch; ++b) {
+      const std::int64_t len = length(b);
+      for (std::int64_t t = 0; t * rows < len; ++t) {
+        const std::int64_t slot = slot_of(b, t), used = std::min(rows, len - t * rows);  // rows [0, used) of slot
+        auto it = std::lower_bound(writes.begin(), writes.end(), slot,
+                                   [](const Written& w, std::int64_t x) { return w.slot < x; });
+        for (; it != writes.end() && it->slot == slot; ++it) {
+          if ((it->b == b && it->t == t) || it->lo >= used) continue;
+          fail<InvalidArgument>(paged ? "block_table" : "cache_batch_idx", ": sequence ", it->b, " appends to rows [",
+                                it->lo, ", ", it->hi, ") of ", paged ? "page " : "cache slot ", slot,
+                                it->b == b ? " that the same sequence reads through another block-table entry"
+                                           : " that sequence ",
+                                it->b == b ? "" : std::to_string(b), it->b == b ? "" : " also uses",
+                                "; appends must not overlap what the call reads or writes");
+        }
       }
+    }
   }
 };
 
