@@ -1,4 +1,4 @@
-// How the CPU runs forward_kvcache: the split-KV count and why (reported by the dispatch), and the query tile.
+// How the CPU runs forward_kvcache: the split-KV count and why (reported by the dispatch), and the row tiles.
 // Shared by the backend (plan, report) and the per-ISA kernel (flash_decode.cpp).
 #pragma once
 
@@ -38,7 +38,16 @@ struct DecodePlan {
   std::int64_t heads_per_tile = 1;   // KV heads per tile (1 when a head's rows need several tiles)
   std::int64_t tiles_per_head = 1;   // row tiles per KV head (1 when whole heads share tiles)
   std::int64_t rows_per_head = 0, group = 1, heads_kv = 0;
-  std::string why;
+  std::int64_t tasks = 0, keys = 0;  // (sequence, row tile) tasks and the longest sequence, for reason()
+  int threads = 0;
+  bool given = false;  // num_splits came from the caller
+
+  // Why this many splits, for the dispatch report (built only there: run() plans without formatting text).
+  std::string reason() const {
+    if (given) return "num_splits as given";
+    return "auto: " + std::to_string(tasks) + " (sequence, row tile) tasks for " + std::to_string(threads) +
+           " threads, up to " + std::to_string(keys) + " keys";
+  }
 
   RowTile tile(std::int64_t b, std::int64_t index) const {
     if (tiles_per_head == 1) {
@@ -66,18 +75,19 @@ inline DecodePlan decode_plan(const detail::AttnParams& p, int threads) {
     d.tiles = p.heads_kv * d.tiles_per_head;
   }
   const std::int64_t work = std::max<std::int64_t>(1, p.batch * d.tiles);
-  const std::int64_t most = std::clamp<std::int64_t>((p.seqlen_k + kMinKeysPerSplit - 1) / kMinKeysPerSplit, 1, 256);
+  d.tasks = work;
+  d.keys = p.seqlen_k;
+  d.threads = threads;
   if (p.num_splits > 0) {
     d.splits = p.num_splits;
-    d.why = "num_splits as given";
+    d.given = true;
     return d;
   }
   // Enough tasks for every thread twice over (dynamic scheduling evens out unequal lengths), without splits
   // shorter than kMinKeysPerSplit keys.
+  const std::int64_t most = std::clamp<std::int64_t>((p.seqlen_k + kMinKeysPerSplit - 1) / kMinKeysPerSplit, 1, 256);
   const std::int64_t want = (2 * static_cast<std::int64_t>(threads) + work - 1) / work;
   d.splits = static_cast<int>(std::clamp<std::int64_t>(want, 1, most));
-  d.why = "auto: " + std::to_string(work) + " (sequence, row tile) tasks for " + std::to_string(threads) +
-          " threads, up to " + std::to_string(p.seqlen_k) + " keys";
   return d;
 }
 
