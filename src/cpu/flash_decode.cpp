@@ -206,6 +206,23 @@ detail::Range split_keys(const detail::MaskPolicy& mask, std::int64_t i0, std::i
   return {begin, std::min(all.end, begin + part)};
 }
 
+// The scores of rows [r_begin, r_end) for the key block [k0, k0 + n) become probabilities: the score hook, the
+// element mask of a partial block (each row's visible keys kept in lo / hi for P·V), the online softmax.
+template <class T>
+void softmax_rows(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPolicy& mask, int r_begin, int r_end,
+                  std::int64_t k0, int n, bool partial, int dv) {
+  for (int r = r_begin; r < r_end; ++r) {
+    float* sr = w.s.get() + static_cast<std::int64_t>(r) * kDecodeKeys;
+    score_row(w.heads[static_cast<std::size_t>(r)].hook, t.token(r), k0, sr, n);
+    if (partial) {
+      const TileKeys vis = mask_row(mask, t.token(r), k0, n, sr);
+      w.lo[r] = vis.begin;
+      w.hi[r] = vis.end;
+    }
+    online_softmax_row(sr, n, w.m[r], w.l[r], w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, dv);
+  }
+}
+
 // From this many rows of one KV head on (Sq · G, e.g. speculative decoding), a block is converted to float once,
 // Kᵀ and V, and both products run on the forward's register-tiled matrix kernel (tile_ops.h gemm_nn): the
 // per-row dot products above reload and widen each key row once per four rows and pay a horizontal sum per score.
@@ -229,16 +246,7 @@ void block_rows_gemm(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPo
   float* s = w.s.get() + static_cast<std::int64_t>(r_begin) * kDecodeKeys;
   gemm_nn(rows, np, d, w.q.get() + static_cast<std::int64_t>(r_begin) * w.ldq, w.ldq, kt, kDecodeKeys, s, kDecodeKeys,
           false);
-  for (int r = r_begin; r < r_end; ++r) {
-    float* sr = w.s.get() + static_cast<std::int64_t>(r) * kDecodeKeys;
-    score_row(w.heads[static_cast<std::size_t>(r)].hook, t.token(r), k0, sr, n);
-    if (partial) {
-      const TileKeys vis = mask_row(mask, t.token(r), k0, n, sr);
-      w.lo[r] = vis.begin;
-      w.hi[r] = vis.end;
-    }
-    online_softmax_row(sr, n, w.m[r], w.l[r], w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, dv);
-  }
+  softmax_rows(w, t, mask, r_begin, r_end, k0, n, partial, dv);
   // P·V into its own tile, then added (the two-level sum of pv_cols); partial blocks bound each row's keys.
   gemm_nn(rows, w.ldv, n, s, kDecodeKeys, w.vf.get(), w.ldv, w.pv.get(), w.ldv, false, partial ? w.lo.get() + r_begin : nullptr,
           partial ? w.hi.get() + r_begin : nullptr);
@@ -259,16 +267,7 @@ void block_rows(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPolicy&
                                  w.s.get() + static_cast<std::int64_t>(r) * kDecodeKeys, kDecodeKeys,
                                  g == 0 ? ahead : Ahead<T>{});
   });
-  for (int r = r_begin; r < r_end; ++r) {
-    float* sr = w.s.get() + static_cast<std::int64_t>(r) * kDecodeKeys;
-    score_row(w.heads[static_cast<std::size_t>(r)].hook, t.token(r), k0, sr, n);
-    if (partial) {
-      const TileKeys vis = mask_row(mask, t.token(r), k0, n, sr);
-      w.lo[r] = vis.begin;
-      w.hi[r] = vis.end;
-    }
-    online_softmax_row(sr, n, w.m[r], w.l[r], w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, dv);
-  }
+  softmax_rows(w, t, mask, r_begin, r_end, k0, n, partial, dv);
   if (!partial) {
     row_groups(r_end - r_begin, [&]<int NR>(int g) {
       const int r = r_begin + g;
