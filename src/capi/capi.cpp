@@ -63,6 +63,11 @@ flashtile::TensorView view(const char* name, const ft_tensor* t, flashtile::DTyp
   return v;
 }
 
+// An optional tensor argument: NULL is absent.
+flashtile::TensorView optional_view(const char* name, const ft_tensor* t, flashtile::DType dtype, int device) {
+  return t == nullptr ? flashtile::TensorView{} : view(name, t, dtype, device);
+}
+
 void put(char* msg, int len, const std::string& s) {
   if (msg == nullptr || len <= 0) return;
   const std::size_t n = std::min(s.size(), static_cast<std::size_t>(len - 1));
@@ -112,7 +117,7 @@ flashtile::Options with_variants(flashtile::Options o, const ft_variants* x, int
   }
   o.softcap = static_cast<float>(v.softcap);
   auto optional = [device](const char* name, const ft_tensor* t, flashtile::DType dtype) {
-    return t == nullptr ? flashtile::TensorView{} : view(name, t, dtype, device);
+    return optional_view(name, t, dtype, device);
   };
   using flashtile::DType;
   o.alibi_slopes = optional("alibi_slopes", v.alibi_slopes, DType::float32);
@@ -124,6 +129,13 @@ flashtile::Options with_variants(flashtile::Options o, const ft_variants* x, int
   o.max_seqlen_q = v.max_seqlen_q;
   o.max_seqlen_k = v.max_seqlen_k;
   return o;
+}
+
+// A forward's options (ft_forward_ex, ft_forward_kvcache): the flags checked, the variants attached.
+flashtile::Options forward_options(double scale, int causal, const char* backend, int strict,
+                                   const ft_variants* variants, int device) {
+  return with_variants(options(scale, checked_flag("causal", causal), false, backend, checked_flag("strict", strict)),
+                       variants, device, false);
 }
 
 template <class F>
@@ -156,9 +168,7 @@ int ft_forward_ex(const ft_tensor* q, const ft_tensor* k, const ft_tensor* v, co
   return guarded(msg, msg_len, [&] {
     const flashtile::DType t = checked_dtype(dtype);
     check_device(device);
-    const flashtile::Options o = with_variants(
-        options(scale, checked_flag("causal", causal), false, backend, checked_flag("strict", strict)), variants,
-        device, false);
+    const flashtile::Options o = forward_options(scale, causal, backend, strict, variants, device);
     return flashtile::forward(view("q", q, t, device), view("k", k, t, device), view("v", v, t, device),
                               view("out", out, t, device), view("lse", lse, flashtile::DType::float32, device), o);
   });
@@ -198,11 +208,9 @@ int ft_forward_kvcache(const ft_tensor* q, const ft_tensor* k_cache, const ft_te
   return guarded(msg, msg_len, [&] {
     const flashtile::DType t = checked_dtype(dtype);
     check_device(device);
-    const flashtile::Options o = with_variants(
-        options(scale, checked_flag("causal", causal), false, backend, checked_flag("strict", strict)), variants,
-        device, false);
+    const flashtile::Options o = forward_options(scale, causal, backend, strict, variants, device);
     auto optional = [device](const char* name, const ft_tensor* x, flashtile::DType dt) {
-      return x == nullptr ? flashtile::TensorView{} : view(name, x, dt, device);
+      return optional_view(name, x, dt, device);
     };
     using flashtile::DType;
     flashtile::KVCache c;
