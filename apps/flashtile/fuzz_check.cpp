@@ -130,7 +130,13 @@ Row softmax_row(const Problem& pr, std::int64_t b, std::int64_t h, std::int64_t 
   const float sk = static_cast<float>(sinkx);
   if (sink && !nan) m = std::max(m, sk);
   float l = sink ? std::exp(sk - m) : 0.0f;
-  for (float& x : s) l += (x = std::exp(x - m));
+  // e^(x − m) below the smallest normal float is 0, as the kernels' exp2 computes it (cpu/exp2.h; the GPU's
+  // ex2.approx.ftz): a precision effect, under 1.2e-38 |v| on any finite output, seen only where a value is
+  // infinite (0 · inf = NaN where gradual underflow gives ±inf).
+  for (float& x : s) {
+    x = std::exp(x - m);
+    l += (x = x < std::numeric_limits<float>::min() ? 0.0f : x);
+  }
   r.p.resize(s.size());
   for (std::size_t j = 0; j < s.size(); ++j) r.p[j] = rd(t, s[j] / l);
   r.lse = m + std::log(l);

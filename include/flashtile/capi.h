@@ -1,4 +1,4 @@
-/* A C ABI over flashtile::forward / flashtile::backward (library libflashtile_capi.so) for callers that
+/* A C ABI over flashtile::forward / flashtile::backward / flashtile::forward_kvcache (library libflashtile_capi.so) for callers that
  * cannot use C++: ctypes (bench/gpu_bench.py, tests/gpu/test_torch_parity.py load it next to PyTorch, so
  * both run in one process), or C.
  *
@@ -91,6 +91,18 @@ FT_CAPI_EXPORT int ft_backward_ex(const ft_tensor* q, const ft_tensor* k, const 
                                   const ft_tensor* dv, int dtype, int device, double scale, int causal,
                                   int deterministic, const char* backend, int strict, const ft_variants* variants,
                                   char* msg, int msg_len);
+
+/* flashtile::forward_kvcache (include/flashtile/kvcache.h): q [B, Sq, Hq, D] against a KV cache, contiguous
+ * (k_cache [B_cache, capacity, Hkv, D]) or paged (block_table given: [num_pages, page_size, Hkv, D]), after appending
+ * k_new / v_new [B, Snew, Hkv, D] at cache_seqlens [B] (int32) in place. NULL = absent for k_new, v_new,
+ * cache_seqlens, block_table (int32 [B, max_pages]), cache_batch_idx (int32 [B]) and lse. num_splits: 0 = automatic.
+ * variants: window, softcap, alibi_slopes, sinks and max_seqlen_k apply (the varlen fields are refused). */
+FT_CAPI_EXPORT int ft_forward_kvcache(const ft_tensor* q, const ft_tensor* k_cache, const ft_tensor* v_cache,
+                                      const ft_tensor* k_new, const ft_tensor* v_new, const ft_tensor* cache_seqlens,
+                                      const ft_tensor* block_table, const ft_tensor* cache_batch_idx,
+                                      const ft_tensor* out, const ft_tensor* lse, int num_splits, int dtype, int device,
+                                      double scale, int causal, const char* backend, int strict,
+                                      const ft_variants* variants, char* msg, int msg_len);
 
 #ifdef __cplusplus
 }

@@ -13,9 +13,11 @@ struct KernelInfo {
   int block_q = 0;       // query rows per tile
   int block_k = 0;       // key rows per tile
   int threads = 0;       // CPU worker threads or GPU threads per block
+  int splits = 0;        // forward_kvcache: parts each sequence's keys were split into (split-KV), 0 elsewhere
   std::string detail;    // anything else that identifies the instantiation (stages, warps, ...)
   // The mask the kernel ran with: "none", "causal", "window(left, right)" (causal with a left bound is
-  // "window(left, 0)"), prefixed "varlen+" for packed batches and "seqused_k+" when sequences use fewer keys.
+  // "window(left, 0)"), prefixed "varlen+" for packed batches and "seqused_k+" when sequences use fewer keys,
+  // "kvcache+" / "paged_kvcache+" for forward_kvcache.
   std::string mask;
   // The score hooks it ran with, in the order they apply: "softcap(c)", "alibi", "sinks".
   std::vector<std::string> score_hooks;

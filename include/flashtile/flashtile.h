@@ -4,6 +4,7 @@
 #include "flashtile/attention.h"
 #include "flashtile/dispatch.h"
 #include "flashtile/errors.h"
+#include "flashtile/kvcache.h"
 #include "flashtile/merge.h"
 #include "flashtile/options.h"
 #include "flashtile/reference.h"

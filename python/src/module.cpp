@@ -100,6 +100,52 @@ DispatchReport forward(nb::handle q, nb::handle k, nb::handle v, nb::handle out,
   return r;
 }
 
+// forward_kvcache (include/flashtile/kvcache.h) for both paths: `torch` reads every tensor through torch_view
+// (and runs on `stream`), otherwise through DLPack (numpy), where the caches must be writable only when k_new /
+// v_new append to them. `variants`: (window_left, window_right, softcap, alibi_slopes, sinks, max_seqlen_k).
+DispatchReport forward_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle k_new,
+                               nb::handle v_new, nb::handle cache_seqlens, nb::handle block_table,
+                               nb::handle cache_batch_idx, nb::handle out, nb::handle lse, int num_splits,
+                               std::optional<double> softmax_scale, bool causal, const std::string& backend,
+                               bool strict, int num_threads, nb::tuple variants, bool torch, std::uintptr_t stream,
+                               bool bf16_bits, bool explain) {
+  Imports in;
+  // name, writable, whether a 16-bit unsigned array is bfloat16 (the float operands of a numpy call).
+  auto view = [&](nb::handle h, const char* name, bool writable, bool bits) -> TensorView {
+    if (!given(h)) return {};
+    if (torch) return torch_view(h, name);
+    return writable ? in.output(h, name, bits && bf16_bits) : in.input(h, name, bits && bf16_bits);
+  };
+  const bool append = given(k_new) || given(v_new);
+  KVCache c;
+  const TensorView tq = view(q, "q", false, true);
+  c.k_cache = view(k_cache, "k_cache", append, true);
+  c.v_cache = view(v_cache, "v_cache", append, true);
+  c.k_new = view(k_new, "k", false, true);
+  c.v_new = view(v_new, "v", false, true);
+  c.cache_seqlens = view(cache_seqlens, "cache_seqlens", false, false);
+  c.block_table = view(block_table, "block_table", false, false);
+  c.cache_batch_idx = view(cache_batch_idx, "cache_batch_idx", false, false);
+  c.num_splits = num_splits;
+  const TensorView to = view(out, "out", true, true), tl = view(lse, "lse", true, false);
+  Options o = make_options(softmax_scale, causal, backend, strict, false, num_threads);
+  if (variants.size() != 6) throw nb::value_error("variants: expected a tuple of 6 entries");
+  o.window_size = {nb::cast<std::int64_t>(variants[0]), nb::cast<std::int64_t>(variants[1])};
+  o.softcap = static_cast<float>(nb::cast<double>(variants[2]));
+  o.alibi_slopes = view(variants[3], "alibi_slopes", false, false);
+  o.sinks = view(variants[4], "sinks", false, false);
+  o.max_seqlen_k = nb::cast<std::int64_t>(variants[5]);
+  if (torch) {
+    o.cuda_stream = reinterpret_cast<void*>(stream);
+    o.device_pointers_checked = true;  // torch tensors: data_ptr is memory of the device they report
+  }
+  if (explain) return explain_forward_kvcache(tq, c, to, tl, o);
+  nb::gil_scoped_release unlocked;  // `in` (or the caller's frame, for torch) keeps every tensor alive
+  DispatchReport r = flashtile::forward_kvcache(tq, c, to, tl, o);
+  record(DispatchReport(r));
+  return r;
+}
+
 // merge_attention_states on host arrays (the numpy path; torch tensors merge in torch ops, python/flashtile/_merge.py).
 void merge_states(nb::list outs, nb::list lses, nb::handle out, nb::handle lse, bool bf16_bits) {
   Imports in;
@@ -240,7 +286,10 @@ nb::dict kernel_dict(const KernelInfo& k) {
   d["block_q"] = k.block_q;
   d["block_k"] = k.block_k;
   d["threads"] = k.threads;
+  d["splits"] = k.splits;
   d["detail"] = k.detail;
+  d["mask"] = k.mask;
+  d["score_hooks"] = nb::cast(k.score_hooks);
   return d;
 }
 
@@ -263,12 +312,17 @@ void bind_reports(nb::module_& m) {
       .def_ro("block_q", &KernelInfo::block_q, "Query rows per tile.")
       .def_ro("block_k", &KernelInfo::block_k, "Key rows per tile.")
       .def_ro("threads", &KernelInfo::threads, "CPU worker threads or GPU threads per block.")
+      .def_ro("splits", &KernelInfo::splits,
+              "forward_kvcache: parts each sequence's keys were split into (split-KV); 0 for other calls.")
       .def_ro("detail", &KernelInfo::detail)
+      .def_ro("mask", &KernelInfo::mask, "The mask the kernel ran with: 'none', 'causal', 'window(l, r)', ...")
+      .def_ro("score_hooks", &KernelInfo::score_hooks, "Score hooks in the order they apply: 'softcap(c)', ...")
       .def("to_dict", &kernel_dict)
       .def("__repr__", [](const KernelInfo& k) {
         return "KernelInfo(backend='" + k.backend + "', kernel='" + k.kernel + "', isa='" + k.isa +
                "', block_q=" + std::to_string(k.block_q) + ", block_k=" + std::to_string(k.block_k) +
-               ", threads=" + std::to_string(k.threads) + ", detail='" + k.detail + "')";
+               ", threads=" + std::to_string(k.threads) + ", splits=" + std::to_string(k.splits) + ", detail='" +
+               k.detail + "')";
       });
   nb::class_<Refusal>(m, "Refusal", "A backend that was considered and refused, with one reason per line.")
       .def_ro("backend", &Refusal::backend)
@@ -314,6 +368,12 @@ NB_MODULE(_core, m) {
   m.def("backward_torch", &backward_torch, "Backward on torch tensors (the torch path's hot call).", "q"_a, "k"_a,
         "v"_a, "out"_a, "dout"_a, "lse"_a, "dq"_a, "dk"_a, "dv"_a, "softmax_scale"_a.none(), "causal"_a,
         "backend"_a, "strict"_a, "deterministic"_a, "stream"_a, "workspace"_a, "variants"_a = nb::none());
+  m.def("forward_kvcache", &forward_kvcache, "q"_a, "k_cache"_a, "v_cache"_a, "k_new"_a.none(), "v_new"_a.none(),
+        "cache_seqlens"_a.none(), "block_table"_a.none(), "cache_batch_idx"_a.none(), "out"_a, "lse"_a.none(),
+        "num_splits"_a, "softmax_scale"_a.none(), "causal"_a, "backend"_a, "strict"_a, "num_threads"_a,
+        "variants"_a, "torch"_a, "stream"_a, "bf16_bits"_a, "explain"_a,
+        "forward_kvcache (or, with explain=True, its plan): appends k_new / v_new to the caches in place, then "
+        "attends; numpy arrays through DLPack or (torch=True) torch tensors.");
   m.def("merge_states", &merge_states, "outs"_a, "lses"_a, "out"_a, "lse"_a, "bf16_bits"_a = false,
         "merge_attention_states on host arrays into the caller's out and lse.");
   m.def("torch_bridge", &torch_bridge, "Address of the entry-point table for flashtile._torch_ext (bridge.h).");

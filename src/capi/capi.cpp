@@ -1,4 +1,4 @@
-// The C ABI of include/flashtile/capi.h over flashtile::forward / backward. Integer arguments are
+// The C ABI of include/flashtile/capi.h over flashtile::forward / backward / forward_kvcache. Integer arguments are
 // range-checked here, before they become C++ enums or bools: a cast of an out-of-range value to DType would
 // be a value no switch expects.
 #include "flashtile/capi.h"
@@ -63,6 +63,11 @@ flashtile::TensorView view(const char* name, const ft_tensor* t, flashtile::DTyp
   return v;
 }
 
+// An optional tensor argument: NULL is absent.
+flashtile::TensorView optional_view(const char* name, const ft_tensor* t, flashtile::DType dtype, int device) {
+  return t == nullptr ? flashtile::TensorView{} : view(name, t, dtype, device);
+}
+
 void put(char* msg, int len, const std::string& s) {
   if (msg == nullptr || len <= 0) return;
   const std::size_t n = std::min(s.size(), static_cast<std::size_t>(len - 1));
@@ -112,7 +117,7 @@ flashtile::Options with_variants(flashtile::Options o, const ft_variants* x, int
   }
   o.softcap = static_cast<float>(v.softcap);
   auto optional = [device](const char* name, const ft_tensor* t, flashtile::DType dtype) {
-    return t == nullptr ? flashtile::TensorView{} : view(name, t, dtype, device);
+    return optional_view(name, t, dtype, device);
   };
   using flashtile::DType;
   o.alibi_slopes = optional("alibi_slopes", v.alibi_slopes, DType::float32);
@@ -124,6 +129,13 @@ flashtile::Options with_variants(flashtile::Options o, const ft_variants* x, int
   o.max_seqlen_q = v.max_seqlen_q;
   o.max_seqlen_k = v.max_seqlen_k;
   return o;
+}
+
+// A forward's options (ft_forward_ex, ft_forward_kvcache): the flags checked, the variants attached.
+flashtile::Options forward_options(double scale, int causal, const char* backend, int strict,
+                                   const ft_variants* variants, int device) {
+  return with_variants(options(scale, checked_flag("causal", causal), false, backend, checked_flag("strict", strict)),
+                       variants, device, false);
 }
 
 template <class F>
@@ -156,9 +168,7 @@ int ft_forward_ex(const ft_tensor* q, const ft_tensor* k, const ft_tensor* v, co
   return guarded(msg, msg_len, [&] {
     const flashtile::DType t = checked_dtype(dtype);
     check_device(device);
-    const flashtile::Options o = with_variants(
-        options(scale, checked_flag("causal", causal), false, backend, checked_flag("strict", strict)), variants,
-        device, false);
+    const flashtile::Options o = forward_options(scale, causal, backend, strict, variants, device);
     return flashtile::forward(view("q", q, t, device), view("k", k, t, device), view("v", v, t, device),
                               view("out", out, t, device), view("lse", lse, flashtile::DType::float32, device), o);
   });
@@ -187,6 +197,33 @@ int ft_backward_ex(const ft_tensor* q, const ft_tensor* k, const ft_tensor* v, c
                                view("out", out, t, device), view("dout", dout, t, device),
                                view("lse", lse, flashtile::DType::float32, device), view("dq", dq, t, device),
                                view("dk", dk, t, device), view("dv", dv, t, device), o);
+  });
+}
+
+int ft_forward_kvcache(const ft_tensor* q, const ft_tensor* k_cache, const ft_tensor* v_cache, const ft_tensor* k_new,
+                       const ft_tensor* v_new, const ft_tensor* cache_seqlens, const ft_tensor* block_table,
+                       const ft_tensor* cache_batch_idx, const ft_tensor* out, const ft_tensor* lse, int num_splits,
+                       int dtype, int device, double scale, int causal, const char* backend, int strict,
+                       const ft_variants* variants, char* msg, int msg_len) {
+  return guarded(msg, msg_len, [&] {
+    const flashtile::DType t = checked_dtype(dtype);
+    check_device(device);
+    const flashtile::Options o = forward_options(scale, causal, backend, strict, variants, device);
+    auto optional = [device](const char* name, const ft_tensor* x, flashtile::DType dt) {
+      return optional_view(name, x, dt, device);
+    };
+    using flashtile::DType;
+    flashtile::KVCache c;
+    c.k_cache = view("k_cache", k_cache, t, device);
+    c.v_cache = view("v_cache", v_cache, t, device);
+    c.k_new = optional("k_new", k_new, t);
+    c.v_new = optional("v_new", v_new, t);
+    c.cache_seqlens = optional("cache_seqlens", cache_seqlens, DType::int32);
+    c.block_table = optional("block_table", block_table, DType::int32);
+    c.cache_batch_idx = optional("cache_batch_idx", cache_batch_idx, DType::int32);
+    c.num_splits = num_splits;
+    return flashtile::forward_kvcache(view("q", q, t, device), c, view("out", out, t, device),
+                                      optional("lse", lse, DType::float32), o);
   });
 }
 

@@ -121,6 +121,7 @@ std::string mask_name(const AttnParams& p) {
   std::ostringstream s;
   if (p.is_varlen()) s << "varlen+";
   if (p.seqused_k != nullptr) s << "seqused_k+";
+  if (p.kvcache) s << (p.page_table != nullptr ? "paged_kvcache+" : "kvcache+");
   if (p.causal && p.window_left < 0) {
     s << "causal";
   } else if (p.has_window()) {
@@ -156,7 +157,7 @@ DispatchReport run(const AttnParams& p, const Options& o, const char* op, bool e
   if (report.ran.mask.empty()) report.ran.mask = mask_name(p);
   if (report.ran.score_hooks.empty()) report.ran.score_hooks = score_hooks(p);
   if (execute) {
-    if (!p.empty()) b->run(p);
+    if (!p.empty() || (p.kvcache && p.seqlen_new > 0)) b->run(p);  // an append without queries still writes
     g_last = report;
   }
   return report;
@@ -195,6 +196,18 @@ std::size_t backward_workspace_bytes(const TensorView& q, const TensorView& k, c
   return p.empty() ? 0 : detail::choose(p, options, report, "backward")->workspace_bytes(p);
 }
 
+DispatchReport forward_kvcache(const TensorView& q, const KVCache& cache, const TensorView& out,
+                               const TensorView& lse, const Options& options) {
+  const auto p = detail::validate_kvcache(q, cache, out, lse, options);
+  return detail::run(p, options, "forward_kvcache", true);
+}
+
+DispatchReport explain_forward_kvcache(const TensorView& q, const KVCache& cache, const TensorView& out,
+                                       const TensorView& lse, const Options& options) {
+  const auto p = detail::validate_kvcache(q, cache, out, lse, options);
+  return detail::run(p, options, "forward_kvcache", false);
+}
+
 DispatchReport explain_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                                const TensorView& out, const TensorView& lse, const Options& options) {
   const auto p = detail::validate_forward(q, k, v, out, lse, options);
@@ -217,6 +230,7 @@ std::string DispatchReport::to_string() const {
     s << "ran " << ran.backend << " / " << ran.kernel;
     if (!ran.isa.empty()) s << " [" << ran.isa << "]";
     s << " block_q=" << ran.block_q << " block_k=" << ran.block_k << " threads=" << ran.threads;
+    if (ran.splits > 0) s << " splits=" << ran.splits;
     if (!ran.detail.empty()) s << " " << ran.detail;
     if (!ran.mask.empty()) s << " mask=" << ran.mask;
     for (std::size_t i = 0; i < ran.score_hooks.size(); ++i) s << (i == 0 ? " hooks=" : ",") << ran.score_hooks[i];

@@ -1,6 +1,7 @@
 // Elements of the FlashTile dtypes as test and tool code (the tests' host tensors and yardsticks, the fuzzer) sees
 // them: one element read as a double (unaligned addresses are fine), a float rounded to a dtype as a framework
-// stores it, and each dtype's machine epsilon. Not for kernels: they convert whole tiles.
+// stores it, and each dtype's machine epsilon. Also host code that converts element by element
+// (merge_attention_states). Not for kernels: they convert whole tiles.
 #pragma once
 
 #include <bit>

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/element.h"
 #include "flashtile/errors.h"
 #if FLASHTILE_WITH_CUDA
 #include "cuda/pointer_check.h"
@@ -31,6 +33,9 @@ std::string shape_str(const TensorView& t) {
   return s.str();
 }
 
+std::int64_t dim(const TensorView& t, int d) { return t.shape[static_cast<std::size_t>(d)]; }
+std::int64_t step(const TensorView& t, int d) { return t.stride[static_cast<std::size_t>(d)]; }
+
 std::size_t elem_bytes(DType t) { return t == DType::float16 || t == DType::bfloat16 ? 2 : 4; }
 
 // The bytes a view can touch: [first, last] (an empty view touches none).
@@ -42,7 +47,7 @@ Bytes bytes_of(const TensorView& t) {
   Bytes b;
   if (t.numel() <= 0) return b;
   std::int64_t end = 0;
-  for (int d = 0; d < t.rank; ++d) end += (t.shape[static_cast<std::size_t>(d)] - 1) * t.stride[static_cast<std::size_t>(d)];
+  for (int d = 0; d < t.rank; ++d) end += (dim(t, d) - 1) * step(t, d);
   b.first = reinterpret_cast<std::uintptr_t>(t.data);
   b.last = b.first + static_cast<std::uintptr_t>(end) * elem_bytes(t.dtype) + elem_bytes(t.dtype) - 1;
   b.empty = false;
@@ -57,75 +62,54 @@ bool overlap(const TensorView& a, const TensorView& b) {
 }
 
 void check_view(const char* name, const TensorView& t, bool is_lse, const TensorView& like) {
-  if (t.rank < 1 || t.rank > 4) fail<InvalidArgument>(std::string(name) + ": rank " + std::to_string(t.rank) + " outside 1..4");
-  if (t.numel() < 0) fail<InvalidArgument>(std::string(name) + ": shape " + shape_str(t) + " overflows int64");
+  const std::string n = name;
+  if (t.rank < 1 || t.rank > 4) fail<InvalidArgument>(n + ": rank " + std::to_string(t.rank) + " outside 1..4");
+  if (t.numel() < 0) fail<InvalidArgument>(n + ": shape " + shape_str(t) + " overflows int64");
   for (int d = 0; d < t.rank; ++d)
-    if (t.stride[static_cast<std::size_t>(d)] < 0 || t.shape[static_cast<std::size_t>(d)] < 0)
-      fail<InvalidArgument>(std::string(name) + ": negative sizes or strides are not supported");
-  if (t.numel() > 0 && t.data == nullptr) fail<InvalidArgument>(std::string(name) + ": null data with " + shape_str(t));
+    if (step(t, d) < 0 || dim(t, d) < 0)
+      fail<InvalidArgument>(n + ": negative sizes or strides are not supported");
+  if (t.numel() > 0 && t.data == nullptr) fail<InvalidArgument>(n + ": null data with " + shape_str(t));
   if (t.device != Device::cpu)
-    fail<DeviceError>(std::string(name) + ": tensors are on cuda:" + std::to_string(t.device_index) +
+    fail<DeviceError>(n + ": tensors are on cuda:" + std::to_string(t.device_index) +
                       "; the C++ merge runs on host memory (the Python package's torch form runs on any device)");
 #if FLASHTILE_WITH_CUDA
   if (flashtile::detail::is_device_pointer(t.data))
-    fail<DeviceError>(std::string(name) + ": declared cpu but holds CUDA device memory");
+    fail<DeviceError>(n + ": declared cpu but holds CUDA device memory");
 #endif
   if (is_lse) {
-    if (t.dtype != DType::float32) fail<DTypeError>(std::string(name) + ": dtype " + std::string(dtype_name(t.dtype)) + ", expected float32");
+    if (t.dtype != DType::float32)
+      fail<DTypeError>(n + ": dtype " + std::string(dtype_name(t.dtype)) + ", expected float32");
   } else {
     if (t.dtype != DType::float32 && t.dtype != DType::float16 && t.dtype != DType::bfloat16)
-      fail<DTypeError>(std::string(name) + ": dtype " + std::string(dtype_name(t.dtype)) +
+      fail<DTypeError>(n + ": dtype " + std::string(dtype_name(t.dtype)) +
                        ", expected float32, float16 or bfloat16");
     if (t.dtype != like.dtype)
-      fail<DTypeError>(std::string(name) + ": dtype " + std::string(dtype_name(t.dtype)) + " differs from out's " +
+      fail<DTypeError>(n + ": dtype " + std::string(dtype_name(t.dtype)) + " differs from out's " +
                        std::string(dtype_name(like.dtype)));
-    if (t.rank >= 1 && t.shape[static_cast<std::size_t>(t.rank - 1)] > 1 && t.stride[static_cast<std::size_t>(t.rank - 1)] != 1)
-      fail<InvalidArgument>(std::string(name) + ": the last dimension must be contiguous (stride 1)");
+    if (dim(t, t.rank - 1) > 1 && step(t, t.rank - 1) != 1)
+      fail<InvalidArgument>(n + ": the last dimension must be contiguous (stride 1)");
   }
   if (t.rank != like.rank || !std::equal(t.shape.begin(), t.shape.begin() + t.rank, like.shape.begin()))
-    fail<InvalidArgument>(std::string(name) + ": shape " + shape_str(t) + " differs from " +
+    fail<InvalidArgument>(n + ": shape " + shape_str(t) + " differs from " +
                           (is_lse ? "lse's " : "out's ") + shape_str(like));
 }
 
 float load(const void* base, DType t, std::int64_t i) {
-  switch (t) {
-    case DType::float16: {
-      _Float16 x;
-      std::memcpy(&x, static_cast<const char*>(base) + i * 2, 2);
-      return static_cast<float>(x);
-    }
-    case DType::bfloat16: {
-      std::uint16_t u;
-      std::memcpy(&u, static_cast<const char*>(base) + i * 2, 2);
-      const std::uint32_t w = static_cast<std::uint32_t>(u) << 16;
-      float x;
-      std::memcpy(&x, &w, 4);
-      return x;
-    }
-    default: {
-      float x;
-      std::memcpy(&x, static_cast<const char*>(base) + i * 4, 4);
-      return x;
-    }
-  }
+  return static_cast<float>(detail::load_element(static_cast<const char*>(base) + i * elem_bytes(t), t));
 }
 
+// x rounded to the dtype as a framework stores it (core/element.h), then its bits written.
 void store(void* base, DType t, std::int64_t i, float x) {
-  switch (t) {
-    case DType::float16: {
-      const _Float16 h = static_cast<_Float16>(x);
-      std::memcpy(static_cast<char*>(base) + i * 2, &h, 2);
-      return;
-    }
-    case DType::bfloat16: {
-      std::uint32_t u;
-      std::memcpy(&u, &x, 4);
-      if ((u & 0x7fffffffu) <= 0x7f800000u) u = (u + 0x7fffu + ((u >> 16) & 1u));  // nearest, ties to even; NaN kept
-      const auto h = static_cast<std::uint16_t>(u >> 16);
-      std::memcpy(static_cast<char*>(base) + i * 2, &h, 2);
-      return;
-    }
-    default: std::memcpy(static_cast<char*>(base) + i * 4, &x, 4);
+  const float r = detail::round_to(t, x);
+  char* dst = static_cast<char*>(base) + i * elem_bytes(t);
+  if (t == DType::float16) {
+    const _Float16 h = static_cast<_Float16>(r);  // exact: r is a float16 value
+    std::memcpy(dst, &h, 2);
+  } else if (t == DType::bfloat16) {
+    const auto h = static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(r) >> 16);
+    std::memcpy(dst, &h, 2);
+  } else {
+    std::memcpy(dst, &r, 4);
   }
 }
 
@@ -155,7 +139,7 @@ void merge_attention_states(std::span<const TensorView> outs, std::span<const Te
   if (out.rank != 4 && out.rank != 3)
     fail<InvalidArgument>("out: expected [B, S, H, Dv] or [T, H, Dv], got shape " + shape_str(out));
   const std::int64_t B = packed ? 1 : out.shape[0], S = packed ? out.shape[0] : out.shape[1];
-  const std::int64_t H = out.shape[static_cast<std::size_t>(out.rank - 2)], D = out.shape[static_cast<std::size_t>(out.rank - 1)];
+  const std::int64_t H = dim(out, out.rank - 2), D = dim(out, out.rank - 1);
   const bool lse_ok = packed ? (lse.rank == 2 && lse.shape[0] == H && lse.shape[1] == S)
                              : (lse.rank == 3 && lse.shape[0] == B && lse.shape[1] == H && lse.shape[2] == S);
   if (!lse_ok)
@@ -182,7 +166,8 @@ void merge_attention_states(std::span<const TensorView> outs, std::span<const Te
         const std::int64_t lse_off = packed ? h * lse.stride[0] + s * lse.stride[1]
                                             : b * lse.stride[0] + h * lse.stride[1] + s * lse.stride[2];
         auto lse_of = [&](const TensorView& t) {
-          const std::int64_t o = packed ? h * t.stride[0] + s * t.stride[1] : b * t.stride[0] + h * t.stride[1] + s * t.stride[2];
+          const std::int64_t o =
+              packed ? h * t.stride[0] + s * t.stride[1] : b * t.stride[0] + h * t.stride[1] + s * t.stride[2];
           return static_cast<const float*>(t.data)[o];
         };
         float m = -INFINITY;
@@ -210,7 +195,8 @@ void merge_attention_states(std::span<const TensorView> outs, std::span<const Te
         for (std::int64_t d = 0; d < D; ++d) {
           float acc = 0.f;
           for (std::size_t i = 0; i < n; ++i)
-            if (w[i] != 0.f || std::isnan(w[i])) acc += w[i] * load(outs[i].data, out.dtype, row_offset(outs[i], row) + d);
+            if (w[i] != 0.f || std::isnan(w[i]))
+              acc += w[i] * load(outs[i].data, out.dtype, row_offset(outs[i], row) + d);
           store(out.data, out.dtype, out_row + d, acc);
         }
         static_cast<float*>(lse.data)[lse_off] = merged;

@@ -83,11 +83,23 @@ struct AttnParams {
   const float* sinks = nullptr;          // [Hq] float32, operands' device; null = off
   float* dsinks = nullptr;               // [Hq] float32 (backward, required with sinks)
 
-  // --- Inference (issue 14; not read by any kernel yet). Paged KV: k / v are [num_pages, page_size, Hkv, D]
-  // and sequence b's key j lives in page page_table[b * page_table_batch_stride + j / page_size].
-  const std::int32_t* page_table = nullptr;
+  // --- KV cache (forward_kvcache, include/flashtile/kvcache.h). k / v are the caches: [B_cache, capacity, Hkv, D]
+  // with k_stride.batch the slot stride, or paged [num_pages, page_size, Hkv, D] with k_stride.batch the page
+  // stride and sequence b's key j in page page_table[b * page_table_batch_stride + j / page_size]. Sequence b
+  // holds cache_seqlens[b] keys before the call; k_new / v_new [B, seqlen_new, Hkv, D] are written after them, so
+  // it attends to cache_seqlens[b] + seqlen_new keys (sequence() applies this). seqlen_k is the bound on that
+  // length (capacity, pages · page_size, or the caller's max_seqlen_k). kv_row() is the one place that turns
+  // (sequence, key) into a cache row.
+  bool kvcache = false;
+  const std::int32_t* cache_seqlens = nullptr;   // [B]; null: every sequence holds seqlen_k keys
+  const std::int32_t* cache_batch_idx = nullptr; // [B]; null: slot b
+  const std::int32_t* page_table = nullptr;      // [B, max_pages]; null: contiguous
   std::int64_t page_table_batch_stride = 0;
-  std::int64_t page_size = 0;
+  std::int64_t page_size = 0, max_pages = 0, capacity = 0;  // capacity: rows per slot (contiguous)
+  const void* k_new = nullptr;
+  const void* v_new = nullptr;
+  Strides k_new_stride, v_new_stride;
+  std::int64_t seqlen_new = 0;
   int num_splits = 0;                    // split-KV: 0 = the backend picks
 
   bool deterministic = false;
@@ -128,7 +140,23 @@ FT_HOST_DEVICE SeqInfo sequence(const AttnParams& p, std::int64_t b) {
     s.seqlen_k = p.cu_seqlens_k[b + 1] - s.k_row0;
   }
   if (p.seqused_k != nullptr) s.seqlen_k = p.seqused_k[b];
+  if (p.cache_seqlens != nullptr) s.seqlen_k = p.cache_seqlens[b] + p.seqlen_new;
   return s;
+}
+
+// KV cache: the element offsets of sequence b's key j in k and in v (head 0); j < sequence(p, b).seqlen_k.
+struct KvRow {
+  std::int64_t k = 0, v = 0;
+};
+FT_HOST_DEVICE KvRow kv_row(const AttnParams& p, std::int64_t b, std::int64_t j) {
+  std::int64_t slot = b, row = j;
+  if (p.page_table != nullptr) {
+    slot = p.page_table[b * p.page_table_batch_stride + j / p.page_size];
+    row = j % p.page_size;
+  } else if (p.cache_batch_idx != nullptr) {
+    slot = p.cache_batch_idx[b];
+  }
+  return {slot * p.k_stride.batch + row * p.k_stride.row, slot * p.v_stride.batch + row * p.v_stride.row};
 }
 
 }  // namespace flashtile::detail

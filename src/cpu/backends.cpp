@@ -6,6 +6,7 @@
 
 #include "core/backend.h"
 #include "cpu/convert.h"
+#include "cpu/decode_plan.h"
 #include "cpu/kernels.h"
 #include "cpu/reference.h"
 #include "flashtile/errors.h"
@@ -23,7 +24,9 @@ Reasons host_only(const AttnParams& p) {
                             static_cast<const void*>(p.dq), static_cast<const void*>(p.dk), static_cast<const void*>(p.dv),
                             static_cast<const void*>(p.alibi_slopes), static_cast<const void*>(p.sinks),
                             static_cast<const void*>(p.dsinks), static_cast<const void*>(p.cu_seqlens_q),
-                            static_cast<const void*>(p.cu_seqlens_k), static_cast<const void*>(p.seqused_k)})
+                            static_cast<const void*>(p.cu_seqlens_k), static_cast<const void*>(p.seqused_k),
+                            static_cast<const void*>(p.cache_seqlens), static_cast<const void*>(p.cache_batch_idx),
+                            static_cast<const void*>(p.page_table), p.k_new, p.v_new})
       if (is_device_pointer(ptr)) return {"device: tensors are declared cpu but hold CUDA device memory"};
 #endif
     return {};
@@ -62,10 +65,22 @@ class CpuFlash final : public Backend {
     k.block_k = t.block_k;
     k.threads = cpu::resolve_threads(p.num_threads);
     k.detail = std::string("dtype=") + std::string(dtype_name(p.dtype)) + " accumulate=float32";
+    if (p.kvcache) {
+      const cpu::DecodePlan d = cpu::decode_plan(p, k.threads);
+      k.kernel = "cpu_flash_decode";
+      k.block_q = cpu::kDecodeRows;
+      k.block_k = cpu::kDecodeKeys;
+      k.splits = d.splits;
+      k.detail += " gqa_rows=" + std::to_string(p.group() * p.seqlen_q) + " splits: " + d.reason();
+    }
     return k;
   }
   void run(const AttnParams& p) const override {
     const cpu::KernelSet& ks = cpu::select_kernels();
+    if (p.kvcache) {
+      const int threads = cpu::resolve_threads(p.num_threads);
+      return ks.decode(p, cpu::decode_plan(p, threads), threads);
+    }
     const cpu::TileConfig t = tiles(p, ks);
     const int threads = cpu::resolve_threads(p.num_threads);
     const AttnParams sized = longest_sequences(p);
@@ -106,7 +121,13 @@ class CpuReference final : public Backend {
  public:
   std::string name() const override { return "cpu-reference"; }
   bool eligible_for_auto() const override { return false; }
-  Reasons can_run(const AttnParams& p) const override { return host_only(p); }
+  Reasons can_run(const AttnParams& p) const override {
+    Reasons why = host_only(p);
+    // The oracle takes dense K and V: a test gathers the cache into them itself (tests/test_kvcache.cpp), so that
+    // kv_row(), the rule under test, is not also the oracle's.
+    if (p.kvcache) why.emplace_back("KV cache: the oracle runs on dense K/V (gather the cache and call forward)");
+    return why;
+  }
   KernelInfo plan(const AttnParams& p) const override {
     KernelInfo k;
     k.backend = name();

@@ -58,22 +58,22 @@ bool cpu_has(std::string_view isa) {
 }
 
 const KernelSet kSets[] = {
-    {"scalar", &scalar::forward, &scalar::backward},
+    {"scalar", &scalar::forward, &scalar::backward, &scalar::decode},
 #if FLASHTILE_CPU_X86_ISAS
-    {"avx2", &avx2::forward, &avx2::backward},
+    {"avx2", &avx2::forward, &avx2::backward, &avx2::decode},
     // bf16 inputs on emulated pair products: slower than avx2, for the tests only.
-    {"avx2-bf16emu", &avx2_bf16emu::forward, &avx2::backward, false},
+    {"avx2-bf16emu", &avx2_bf16emu::forward, &avx2::backward, &avx2::decode, false},
     // bf16 inputs on emulated AMX tiles: much slower than avx2, for the tests only.
-    {"avx2-amxemu", &avx2_amxemu::forward, &avx2::backward, false, &amx_forward_tiles},
-    {"avx512", &avx512::forward, &avx512::backward},
+    {"avx2-amxemu", &avx2_amxemu::forward, &avx2::backward, &avx2::decode, false, &amx_forward_tiles},
+    {"avx512", &avx512::forward, &avx512::backward, &avx512::decode},
     // bf16 forward on vdpbf16ps. Not automatic: on the Xeon (Sapphire Rapids class) of the GPU machine,
     // vdpbf16ps peaked at 85 GFLOP/s per core against 171 for float32 FMAs (bench/fma_peak.cpp), and this
     // set's bf16 forward ran at 81-93 GFLOP/s on 2 cores where the float32 kernels ran at 156-161 on float32
     // inputs (bench/results/cpu.md). Without it, bf16 inputs take avx512's float32 kernels on tiles
     // converted once per head. FLASHTILE_CPU_ISA=avx512-bf16 selects it.
-    {"avx512-bf16", &avx512_bf16::forward, &avx512::backward, false},
+    {"avx512-bf16", &avx512_bf16::forward, &avx512::backward, &avx512::decode, false},
     // bf16 forward on AMX tiles (tdpbf16ps); float32/float16 and the backward as avx512.
-    {"avx512-amx", &avx512_amx::forward, &avx512::backward, true, &amx_forward_tiles},
+    {"avx512-amx", &avx512_amx::forward, &avx512::backward, &avx512::decode, true, &amx_forward_tiles},
 #endif
 };
 

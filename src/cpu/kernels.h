@@ -10,10 +10,13 @@
 
 namespace flashtile::cpu {
 
+struct DecodePlan;  // decode_plan.h
+
 struct KernelSet {
   std::string_view isa;
   void (*forward)(const detail::AttnParams&, TileConfig, int threads);
   void (*backward)(const detail::AttnParams&, TileConfig, int threads);
+  void (*decode)(const detail::AttnParams&, const DecodePlan&, int threads);  // forward_kvcache
   bool automatic = true;  // false: only when FLASHTILE_CPU_ISA names it (a test path)
   // Forward tile sizes for a head dim and dtype (tile_config.h); the backward's are backward_tile_config.
   TileConfig (*forward_tiles)(std::int64_t hdim, DType dtype) = [](std::int64_t hdim, DType) {
@@ -30,6 +33,7 @@ inline TileConfig amx_forward_tiles(std::int64_t hdim, DType dtype) {
   namespace ns {                                                                   \
   void forward(const detail::AttnParams& p, TileConfig tile, int threads);        \
   void backward(const detail::AttnParams& p, TileConfig tile, int threads);       \
+  void decode(const detail::AttnParams& p, const DecodePlan& plan, int threads);  \
   }
 FLASHTILE_DECLARE_ISA(scalar)
 FLASHTILE_DECLARE_ISA(avx2)

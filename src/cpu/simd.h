@@ -68,6 +68,12 @@ inline bool all_abs_below(const float* x, int n, float bound) {
   for (int j = 0; j < n; j += 16) all &= _mm512_cmp_ps_mask(abs(load(x + j)).v, b, _CMP_LT_OQ);
   return all == 0xFFFF;
 }
+// 16 bfloat16 / float16 values (raw 16-bit) widened to float: the decode kernel reads 16-bit caches directly.
+inline V load_bf16(const std::uint16_t* p) {
+  const __m512i x = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(x, 16))};
+}
+inline V load_f16(const std::uint16_t* p) { return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))}; }
 #elif defined(__AVX2__)
 #define FT_SIMD_WIDTH 8
 struct V {
@@ -110,6 +116,11 @@ inline bool all_abs_below(const float* x, int n, float bound) {  // n a multiple
   for (int j = 0; j < n; j += 8) all = _mm256_and_ps(all, _mm256_cmp_ps(abs(load(x + j)).v, b, _CMP_LT_OQ));
   return _mm256_movemask_ps(all) == 0xFF;
 }
+inline V load_bf16(const std::uint16_t* p) {
+  const __m256i x = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return {_mm256_castsi256_ps(_mm256_slli_epi32(x, 16))};
+}
+inline V load_f16(const std::uint16_t* p) { return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))}; }
 #else
 #define FT_SIMD_WIDTH 0
 #endif

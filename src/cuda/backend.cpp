@@ -110,13 +110,13 @@ class CudaSm80 final : public Backend {
     cudaStream_t stream = static_cast<cudaStream_t>(p.cuda_stream);
     if (!p.is_backward()) {
       cuda::FwdParams f;
-      fill(p, f);
+      cuda::fill_params(p, f);
       check(cuda::launch_fwd(e, bucket, kind, f, stream), "forward kernel launch");
       return;
     }
     const BwdPlan plan = plan_bwd(p);
     cuda::BwdParams b;
-    fill(p, b);
+    cuda::fill_params(p, b);
     b.large_smem = plan.large_smem;
     cuda::Workspace ws(p, plan.bytes, stream, kName);
     cuda::place_bwd_workspace(p, plan, bucket, ws.data(), b);
@@ -141,14 +141,6 @@ class CudaSm80 final : public Backend {
     if (!sm80::has_large_bwd_tile(bucket)) return false;
     const cuda::Gpu* gpu = cuda::gpu(p.device_index);
     return gpu != nullptr && gpu->smem_optin >= sm80::bwd_smem_bytes(bucket, true);
-  }
-  // The kernels get the call's AttnParams whole. The one normalisation: causal is window right = 0 (with any
-  // left), which validation already writes; repeated here so that the masked kernels never depend on it.
-  static void fill(const AttnParams& p, cuda::FwdParams& f) {
-    f.a = p;
-    if (f.a.causal) f.a.window_right = 0;
-    f.scale_log2 = p.softmax_scale * 1.4426950408889634f;
-    f.group = static_cast<int>(p.group());
   }
 };
 

@@ -125,14 +125,14 @@ class CudaSm90 final : public Backend {
     cudaStream_t stream = static_cast<cudaStream_t>(p.cuda_stream);
     if (!p.is_backward()) {
       cuda::FwdParams f;
-      fill(p, f);
+      cuda::fill_params(p, f);
       cuda::check(cuda::launch_fwd_sm90(cuda::elem_of(p.dtype), bucket_of(p), cuda::kind_of(p), f, stream), kName,
                   "forward kernel launch");
       return;
     }
     const cuda::BwdWorkspacePlan plan = plan_bwd(p);
     cuda::BwdParams b;
-    fill(p, b);
+    cuda::fill_params(p, b);
     cuda::Workspace ws(p, plan.bytes, stream, kName);
     cuda::place_bwd_workspace(p, plan, bucket_of(p), ws.data(), b);
     cuda::check(cuda::launch_bwd_sm90(cuda::elem_of(p.dtype), bucket_of(p), cuda::kind_of(p), b, stream), kName,
@@ -148,12 +148,6 @@ class CudaSm90 final : public Backend {
   static constexpr int kBwdBlockM = 64;  // sm90/bwd_kernel.h BwdTraits::kBlockM
   static cuda::BwdWorkspacePlan plan_bwd(const AttnParams& p) {
     return cuda::plan_bwd_workspace(p, kBwdBlockM, bucket_of(p));
-  }
-  static void fill(const AttnParams& p, cuda::FwdParams& f) {
-    f.a = p;
-    if (f.a.causal) f.a.window_right = 0;  // causal is window right = 0 (validation writes it too)
-    f.scale_log2 = p.softmax_scale * 1.4426950408889634f;
-    f.group = static_cast<int>(p.group());
   }
 };
 

@@ -62,13 +62,12 @@ void check_alignment(const AttnParams& p, Reasons& why) {
   }
 }
 
-// The variants (issue 12) the kernels run, and what they refuse (paged KV and split-KV come with the
-// inference kernels).
+// The variants (issue 12) the kernels run, and what they refuse (the KV-cache call comes with the inference
+// kernels).
 void check_variants(const AttnParams& p, const char* backend, Reasons& why) {
-  if (p.page_table != nullptr)
-    why.push_back(std::string("paged KV (page_table): not supported by ") + backend + " (no paged kernel yet)");
-  if (p.num_splits > 1)
-    why.push_back("num_splits = " + std::to_string(p.num_splits) + ": split-KV is not supported by " + backend);
+  if (p.kvcache)
+    why.push_back(std::string("KV cache (forward_kvcache): not built on ") + backend +
+                  " yet; cpu-flash runs it (issue 14)");
   if (p.is_backward() && p.sinks != nullptr && p.dsinks == nullptr)
     why.push_back("sinks: a backward with sinks needs dsinks (dL/dsinks)");
   if (p.is_varlen() && (p.total_q > INT_MAX || p.total_k > INT_MAX))
@@ -158,6 +157,13 @@ void place_bwd_workspace(const AttnParams& p, const BwdWorkspacePlan& plan, int 
     at += row_bytes;
   }
   b.dq_semaphore = p.deterministic ? reinterpret_cast<int*>(base + at) : nullptr;
+}
+
+void fill_params(const AttnParams& p, FwdParams& f) {
+  f.a = p;
+  if (f.a.causal) f.a.window_right = 0;
+  f.scale_log2 = p.softmax_scale * 1.4426950408889634f;
+  f.group = static_cast<int>(p.group());
 }
 
 }  // namespace flashtile::cuda

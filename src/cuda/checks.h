@@ -1,6 +1,6 @@
-// The can_run checks every CUDA backend shares (cuda-sm80, cuda-sm90): the device, the device pointers,
-// dtype, head dims, scale, sizes, the variants no CUDA kernel runs yet, and 16-byte alignment of the 16-bit
-// operands. Each backend adds its own (compute capability, its buckets, shared memory).
+// What the CUDA backends (cuda-sm80, cuda-sm90) share on the host: the can_run checks (the device, the device
+// pointers, dtype, head dims, scale, sizes, the variants no CUDA kernel runs yet, 16-byte alignment of the 16-bit
+// operands; each backend adds its own: compute capability, its buckets, shared memory) and the kernels' params.
 #pragma once
 
 #include "core/backend.h"
@@ -27,5 +27,10 @@ BwdWorkspacePlan plan_bwd_workspace(const detail::AttnParams& p, int block_m, in
 // Points b's workspace fields into `base` (plan.bytes large) and sets its slot layout.
 void place_bwd_workspace(const detail::AttnParams& p, const BwdWorkspacePlan& plan, int hdim_bucket, char* base,
                          BwdParams& b);
+
+// The kernels' parameters from the call's: AttnParams whole, plus the folded constants. The one normalisation:
+// causal is window right = 0 (with any left), which validation already writes; repeated here so that the masked
+// kernels never depend on it.
+void fill_params(const detail::AttnParams& p, FwdParams& f);
 
 }  // namespace flashtile::cuda

@@ -287,5 +287,60 @@ TEST(CApiVariants, BadVariantArgumentsAreRefused) {
   }
 }
 
+// ft_forward_kvcache: the C call runs the C++ call (bitwise the same results on a paged cache with an append, a
+// window and sinks), and a refused call names the argument and leaves the cache untouched.
+TEST(CApiKvCache, MatchesTheCppCallAndRefusesBeforeWriting) {
+  auto rng = test_rng();
+  const DType t = DType::float32;
+  Tensor q(t, {2, 1, 4, 16}), kc(t, {5, 16, 2, 16}), vc(t, {5, 16, 2, 16}), kn(t, {2, 1, 2, 16}), vn(t, {2, 1, 2, 16});
+  Tensor out(t, {2, 1, 4, 16}), lse(DType::float32, {2, 4, 1}), lens(DType::int32, {2}), table(DType::int32, {2, 2});
+  Tensor sinks(DType::float32, {4});
+  for (Tensor* x : {&q, &kc, &vc, &kn, &vn, &sinks}) x->fill_normal(rng);
+  lens.set(0, 20);
+  lens.set(1, 3);
+  const double pages[4] = {3, 0, 4, 1};
+  for (int i = 0; i < 4; ++i) table.set(i, pages[i]);
+  // The C++ call on copies of the cache: the reference.
+  Tensor kc2(t, {5, 16, 2, 16}), vc2(t, {5, 16, 2, 16}), out2(t, {2, 1, 4, 16}), lse2(DType::float32, {2, 4, 1});
+  const auto k0 = kc.to_double(), v0 = vc.to_double();
+  for (std::int64_t i = 0; i < kc.numel(); ++i) kc2.set(i, k0[static_cast<std::size_t>(i)]), vc2.set(i, v0[static_cast<std::size_t>(i)]);
+  flashtile::KVCache c;
+  c.k_cache = kc2.view();
+  c.v_cache = vc2.view();
+  c.k_new = kn.view();
+  c.v_new = vn.view();
+  c.cache_seqlens = lens.view();
+  c.block_table = table.view();
+  c.num_splits = 2;
+  flashtile::Options o;
+  o.window_size = {8, 0};
+  o.sinks = sinks.view();
+  flashtile::forward_kvcache(q.view(), c, out2.view(), lse2.view(), o);
+
+  ft_tensor fq = ft(q), fkc = ft(kc), fvc = ft(vc), fkn = ft(kn), fvn = ft(vn), fo = ft(out), fl = ft(lse),
+            flens = ft(lens), ftab = ft(table), fs = ft(sinks);
+  ft_variants var = FT_VARIANTS_INIT;
+  var.window_left = 8;
+  var.window_right = 0;
+  var.sinks = &fs;
+  char msg[2048];
+  int rc = ft_forward_kvcache(&fq, &fkc, &fvc, &fkn, &fvn, &flens, &ftab, nullptr, &fo, &fl, 2, FT_DTYPE_FLOAT32,
+                              FT_DEVICE_HOST, kDefaultScale, 0, nullptr, 0, &var, msg, sizeof msg);
+  ASSERT_EQ(rc, FT_OK) << msg;
+  EXPECT_NE(std::string(msg).find("cpu_flash_decode"), std::string::npos) << msg;
+  EXPECT_EQ(out.to_double(), out2.to_double());
+  EXPECT_EQ(lse.to_double(), lse2.to_double());
+  EXPECT_EQ(kc.to_double(), kc2.to_double());
+  EXPECT_EQ(vc.to_double(), vc2.to_double());
+
+  lens.set(0, 32);  // 32 + 1 keys do not fit in two pages of 16
+  const auto k1 = kc.to_double();
+  rc = ft_forward_kvcache(&fq, &fkc, &fvc, &fkn, &fvn, &flens, &ftab, nullptr, &fo, &fl, 0, FT_DTYPE_FLOAT32,
+                          FT_DEVICE_HOST, kDefaultScale, 0, nullptr, 0, nullptr, msg, sizeof msg);
+  EXPECT_EQ(rc, FT_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(msg).find("cache_seqlens[0] = 32"), std::string::npos) << msg;
+  EXPECT_EQ(kc.to_double(), k1);
+}
+
 }  // namespace
 }  // namespace ft_test

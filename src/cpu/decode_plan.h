@@ -1,0 +1,94 @@
+// How the CPU runs forward_kvcache: the split-KV count and why (reported by the dispatch), and the row tiles.
+// Shared by the backend (plan, report) and the per-ISA kernel (flash_decode.cpp).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "core/params.h"
+
+namespace flashtile::cpu {
+
+// Query rows of one KV head processed together: the query heads of a GQA group times the new tokens, packed
+// (row r = token r / G, head r % G), so that each key and value row is read once for all of them.
+constexpr int kDecodeRows = 64;
+// Keys per block: the scores of a block for all rows stay in L1 (64 rows · 64 keys · 4 B = 16 KiB).
+constexpr int kDecodeKeys = 64;
+// A split gets at least this many keys: below it the merge and the per-task setup cost more than they save.
+constexpr std::int64_t kMinKeysPerSplit = 512;
+
+// The packed rows of one task: `heads` KV heads from hk0 of sequence b, and of each the rows [r0, r0 + per_head)
+// of its G·Sq rows, row rr being token rr / G of query head hk·G + rr % G. Several heads share a tile when their
+// rows fit: a key block then reads one stretch of memory (a key's heads are adjacent in the cache), which pages
+// and prefetchers serve far better than one head's rows, Hkv · D elements apart.
+struct RowTile {
+  std::int64_t b, hk0;
+  int heads, r0, per_head;
+  std::int64_t group;
+  int rows() const { return heads * per_head; }
+  std::int64_t kv_head(int r) const { return hk0 + r / per_head; }
+  std::int64_t token(int r) const { return (r0 + r % per_head) / group; }
+  std::int64_t head(int r) const { return kv_head(r) * group + (r0 + r % per_head) % group; }
+};
+
+struct DecodePlan {
+  int splits = 1;
+  std::int64_t tiles = 1;            // row tiles per sequence
+  std::int64_t heads_per_tile = 1;   // KV heads per tile (1 when a head's rows need several tiles)
+  std::int64_t tiles_per_head = 1;   // row tiles per KV head (1 when whole heads share tiles)
+  std::int64_t rows_per_head = 0, group = 1, heads_kv = 0;
+  std::int64_t tasks = 0, keys = 0;  // (sequence, row tile) tasks and the longest sequence, for reason()
+  int threads = 0;
+  bool given = false;  // num_splits came from the caller
+
+  // Why this many splits, for the dispatch report (built only there: run() plans without formatting text).
+  std::string reason() const {
+    if (given) return "num_splits as given";
+    return "auto: " + std::to_string(tasks) + " (sequence, row tile) tasks for " + std::to_string(threads) +
+           " threads, up to " + std::to_string(keys) + " keys";
+  }
+
+  RowTile tile(std::int64_t b, std::int64_t index) const {
+    if (tiles_per_head == 1) {
+      const std::int64_t hk0 = index * heads_per_tile;
+      return {b, hk0, static_cast<int>(std::min(heads_per_tile, heads_kv - hk0)), 0, static_cast<int>(rows_per_head),
+              group};
+    }
+    const std::int64_t r0 = index % tiles_per_head * kDecodeRows;
+    return {b, index / tiles_per_head, 1, static_cast<int>(r0),
+            static_cast<int>(std::min<std::int64_t>(kDecodeRows, rows_per_head - r0)), group};
+  }
+};
+
+inline DecodePlan decode_plan(const detail::AttnParams& p, int threads) {
+  DecodePlan d;
+  d.group = std::max<std::int64_t>(p.group(), 1);
+  d.heads_kv = p.heads_kv;
+  d.rows_per_head = p.group() * p.seqlen_q;
+  if (d.rows_per_head <= kDecodeRows) {
+    d.heads_per_tile = std::clamp<std::int64_t>(kDecodeRows / std::max<std::int64_t>(d.rows_per_head, 1), 1,
+                                                std::max<std::int64_t>(p.heads_kv, 1));
+    d.tiles = (p.heads_kv + d.heads_per_tile - 1) / d.heads_per_tile;
+  } else {
+    d.tiles_per_head = (d.rows_per_head + kDecodeRows - 1) / kDecodeRows;
+    d.tiles = p.heads_kv * d.tiles_per_head;
+  }
+  const std::int64_t work = std::max<std::int64_t>(1, p.batch * d.tiles);
+  d.tasks = work;
+  d.keys = p.seqlen_k;
+  d.threads = threads;
+  if (p.num_splits > 0) {
+    d.splits = p.num_splits;
+    d.given = true;
+    return d;
+  }
+  // Enough tasks for every thread twice over (dynamic scheduling evens out unequal lengths), without splits
+  // shorter than kMinKeysPerSplit keys.
+  const std::int64_t most = std::clamp<std::int64_t>((p.seqlen_k + kMinKeysPerSplit - 1) / kMinKeysPerSplit, 1, 256);
+  const std::int64_t want = (2 * static_cast<std::int64_t>(threads) + work - 1) / work;
+  d.splits = static_cast<int>(std::clamp<std::int64_t>(want, 1, most));
+  return d;
+}
+
+}  // namespace flashtile::cpu

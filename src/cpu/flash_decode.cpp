@@ -1,0 +1,446 @@
+// CPU forward_kvcache (include/flashtile/kvcache.h), compiled once per ISA (FT_ISA_NS names the namespace).
+//
+// Decoding reads the whole KV cache for one or a few query tokens, a few FMAs per byte: the kernel reads every
+// cached key and value row exactly once per call, in its own dtype, and spends as few instructions per row as it
+// can (on 2 AVX2 cores it is bound by instructions, ~300 per key and KV head; bench/results/cpu_decode.md):
+// - GQA packing: the G query heads that share a KV head and the Sq new tokens are the rows of one tile
+//   (decode_plan.h), so a K or V row, once loaded, serves all of them;
+// - 16-bit caches are widened in registers (simd.h load_bf16 / load_f16), never converted into a copy;
+// - split-KV: each sequence's visible keys are cut into `splits` parts computed as separate tasks, each leaving
+//   a normalised partial output and its LSE, merged afterwards as merge_attention_states does; only the first
+//   part carries the sink logit, so the merge counts it once;
+// - paged caches: a key block gathers its rows through core/params.h kv_row(), the one address rule.
+// The mask policy and score hook are the forward's (core/mask.h, score_row.h); the per-row online softmax is
+// forward_common.h's. A key a row does not see never enters its sums (partial blocks run row by row).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "cpu/convert.h"
+#include "cpu/decode_plan.h"
+#include "cpu/exp2.h"
+#include "cpu/forward_common.h"
+#include "cpu/kernel_common.h"
+#include "cpu/kernels.h"
+#include "cpu/parallel.h"
+#include "cpu/score_row.h"
+#include "cpu/simd.h"
+#include "cpu/tile_ops.h"
+
+#ifndef FT_ISA_NS
+#error "FT_ISA_NS must name the ISA namespace"
+#endif
+
+namespace flashtile::cpu::FT_ISA_NS {
+namespace {
+
+using detail::AttnParams;
+
+#if FT_SIMD_WIDTH
+using simd::V;
+inline V load_row(const float* p) { return simd::load(p); }
+inline V load_row(const BFloat16* p) { return simd::load_bf16(reinterpret_cast<const std::uint16_t*>(p)); }
+inline V load_row(const Half* p) { return simd::load_f16(reinterpret_cast<const std::uint16_t*>(p)); }
+#endif
+
+// The next key block's K and V rows of one KV head, requested a key at a time while this block's scores are
+// computed: a head's rows are Hkv · D elements apart, too sparse for the hardware prefetchers to follow. Into L2
+// (locality 2), not L1: a block of every head of the tile (64 keys · 8 heads · 512 B) is more than L1 holds.
+template <class T>
+struct Ahead {
+  const T* k = nullptr;  // the head's K and V at key offset 0
+  const T* v = nullptr;
+  const std::int64_t* koff = nullptr;  // the next block's row offsets (core/params.h kv_row)
+  const std::int64_t* voff = nullptr;
+  int n = 0, k_bytes = 0, v_bytes = 0;
+  void fetch(int j) const {
+    if (j >= n) return;
+    const char* kr = reinterpret_cast<const char*>(k + koff[j]);
+    const char* vr = reinterpret_cast<const char*>(v + voff[j]);
+    for (int b = 0; b < k_bytes; b += 64) __builtin_prefetch(kr + b, 0, 2);
+    for (int b = 0; b < v_bytes; b += 64) __builtin_prefetch(vr + b, 0, 2);
+  }
+};
+
+// s[r][j] = q_r · k_j for NR rows (q: ldq-strided floats, pre-scaled) and keys kp[j0, j1), NJ keys at a time:
+// NR·NJ independent accumulators keep the FMA pipes full where one dot product is a chain of D / W dependent
+// FMAs.
+template <int NR, int NJ, class T>
+void qk_rows(const float* q, int ldq, int d, const T* const* kp, int j0, int j1, float* s, int lds,
+             const Ahead<T>& ahead = {}) {
+  int j = j0;
+  for (; j + NJ <= j1; j += NJ) {
+    for (int u = 0; u < NJ; ++u) ahead.fetch(j + u);
+    float sum[NR][NJ] = {};
+    int c = 0;
+#if FT_SIMD_WIDTH
+    V a[NR][NJ];
+    for (int r = 0; r < NR; ++r)
+      for (int u = 0; u < NJ; ++u) a[r][u] = simd::set1(0.0f);
+    for (; c + simd::W <= d; c += simd::W) {
+      V kv[NJ];
+      for (int u = 0; u < NJ; ++u) kv[u] = load_row(kp[j + u] + c);
+      for (int r = 0; r < NR; ++r) {
+        const V qv = simd::load(q + r * ldq + c);
+        for (int u = 0; u < NJ; ++u) a[r][u] = simd::fma(qv, kv[u], a[r][u]);
+      }
+    }
+    for (int r = 0; r < NR; ++r)
+      for (int u = 0; u < NJ; ++u) sum[r][u] = simd::reduce_add(a[r][u]);
+#endif
+    for (; c < d; ++c)
+      for (int u = 0; u < NJ; ++u) {
+        const float kc = to_float(kp[j + u][c]);
+        for (int r = 0; r < NR; ++r) sum[r][u] += q[r * ldq + c] * kc;
+      }
+    for (int r = 0; r < NR; ++r)
+      for (int u = 0; u < NJ; ++u) s[r * lds + j + u] = sum[r][u];
+  }
+  if (j < j1) qk_rows<NR, 1>(q, ldq, d, kp, j, j1, s, lds, ahead);
+}
+
+// acc[r][c] += Σ_{j in [j0, j1)} p[r][j] · v_j[c] for NR rows and the columns [c, c + NC·W·k) that fit below dv,
+// NC vectors at a time; returns the first column left. The block's sum is formed on its own and then added
+// (two-level summation, as the forward's P·V tile: one running sum over every key of a long cache rounds worse
+// than standard attention's blocked sums).
+template <int NR, int NC, class T>
+int pv_cols(const float* p, int ldp, const T* const* vp, int j0, int j1, int c, int dv, float* acc, int ldv) {
+#if FT_SIMD_WIDTH
+  for (; c + NC * simd::W <= dv; c += NC * simd::W) {
+    V a[NR][NC];
+    for (int r = 0; r < NR; ++r)
+      for (int u = 0; u < NC; ++u) a[r][u] = simd::set1(0.0f);
+    for (int j = j0; j < j1; ++j) {
+      V vv[NC];
+      for (int u = 0; u < NC; ++u) vv[u] = load_row(vp[j] + c + u * simd::W);
+      for (int r = 0; r < NR; ++r) {
+        const V pr = simd::set1(p[r * ldp + j]);
+        for (int u = 0; u < NC; ++u) a[r][u] = simd::fma(pr, vv[u], a[r][u]);
+      }
+    }
+    for (int r = 0; r < NR; ++r)
+      for (int u = 0; u < NC; ++u) {
+        float* o = acc + r * ldv + c + u * simd::W;
+        simd::store(o, simd::add(simd::load(o), a[r][u]));
+      }
+  }
+#else
+  (void)p, (void)ldp, (void)vp, (void)j0, (void)j1, (void)dv, (void)acc, (void)ldv;
+#endif
+  return c;
+}
+
+template <int NR, class T>
+void pv_rows(const float* p, int ldp, const T* const* vp, int j0, int j1, int dv, float* acc, int ldv) {
+  // One or two rows leave few independent accumulators per column vector: take more columns at once.
+  constexpr int kCols = NR <= 2 ? 4 : 2;
+  int c = pv_cols<NR, kCols>(p, ldp, vp, j0, j1, 0, dv, acc, ldv);
+  c = pv_cols<NR, 1>(p, ldp, vp, j0, j1, c, dv, acc, ldv);
+  for (; c < dv; ++c)
+    for (int r = 0; r < NR; ++r) {
+      float a = 0.0f;
+      for (int j = j0; j < j1; ++j) a += p[r * ldp + j] * to_float(vp[j][c]);
+      acc[r * ldv + c] += a;
+    }
+}
+
+// Runs f.template operator()<NR>(r0) over rows [0, rows) in groups of up to 4.
+template <class F>
+void row_groups(int rows, F&& f) {
+  int r = 0;
+  for (; r + 4 <= rows; r += 4) f.template operator()<4>(r);
+  switch (rows - r) {
+    case 3: f.template operator()<3>(r); break;
+    case 2: f.template operator()<2>(r); break;
+    case 1: f.template operator()<1>(r); break;
+    default: break;
+  }
+}
+
+// Per-thread scratch: one tile of packed query rows (columns padded to 16 floats), their heads, and two key
+// blocks' row offsets (this block and the next, which is being prefetched).
+template <class T>
+struct DecodeScratch {
+  int ldq, ldv;
+  std::unique_ptr<float[]> q, s, acc, m, l;
+  std::unique_ptr<int[]> lo, hi;
+  std::unique_ptr<std::int64_t[]> koff, voff;
+  std::unique_ptr<const T*[]> kp, vp;
+  std::unique_ptr<float[]> kt, vf, pv;  // the matrix-product path (many rows): Kᵀ, V and P·V of a block in float
+  std::vector<HeadInfo> heads;  // one per row; capacity kept across the thread's tasks
+  static std::unique_ptr<float[]> zeros(std::int64_t n) {
+    return std::unique_ptr<float[]>(new float[static_cast<std::size_t>(n)]());
+  }
+  int d, dv;
+  DecodeScratch(int d_, int dv_)
+      : ldq(padded(d_)), ldv(padded(dv_)), q(zeros(static_cast<std::int64_t>(kDecodeRows) * ldq)),
+        s(zeros(static_cast<std::int64_t>(kDecodeRows) * kDecodeKeys)),
+        acc(zeros(static_cast<std::int64_t>(kDecodeRows) * ldv)), m(zeros(kDecodeRows)), l(zeros(kDecodeRows)),
+        lo(new int[kDecodeRows]), hi(new int[kDecodeRows]), koff(new std::int64_t[2 * kDecodeKeys]),
+        voff(new std::int64_t[2 * kDecodeKeys]), kp(new const T*[kDecodeKeys]), vp(new const T*[kDecodeKeys]),
+        kt(zeros(static_cast<std::int64_t>(d_) * kDecodeKeys)), vf(zeros(static_cast<std::int64_t>(kDecodeKeys) * ldv)),
+        pv(zeros(static_cast<std::int64_t>(kDecodeRows) * ldv)), d(d_), dv(dv_) {
+    heads.reserve(kDecodeRows);
+  }
+  // This thread's scratch for head dims (d, dv), kept between calls: a decoding loop calls once per token, and
+  // allocating and zeroing ~250 KB per thread each time is host work on its path. Every buffer is written before
+  // it is read in a task (q, acc, m, l per tile; s, kt's used columns, pv per block), except the padding that
+  // stays zero: vf's and acc's columns past dv and q's past d, which no product reads into a result.
+  static DecodeScratch* for_thread(int hd, int hdv) {
+    thread_local std::unique_ptr<DecodeScratch> mine;
+    if (!mine || mine->d != hd || mine->dv != hdv) mine = std::make_unique<DecodeScratch>(hd, hdv);
+    return mine.get();
+  }
+};
+
+// Keys [k_begin, k_end) of the tile's rows for split `split` of `splits`: the rows' visible keys (one contiguous
+// range, core/mask.h) cut into equal parts on 16-key boundaries.
+detail::Range split_keys(const detail::MaskPolicy& mask, std::int64_t i0, std::int64_t n_tok, int split, int splits) {
+  const detail::Range all = mask.keys(i0, n_tok);
+  if (all.empty()) return {0, 0};
+  const std::int64_t part = ((all.size() + splits - 1) / splits + 15) / 16 * 16;
+  const std::int64_t begin = std::min(all.end, all.begin + split * part);
+  return {begin, std::min(all.end, begin + part)};
+}
+
+// The scores of rows [r_begin, r_end) for the key block [k0, k0 + n) become probabilities: the score hook, the
+// element mask of a partial block (each row's visible keys kept in lo / hi for P·V), the online softmax.
+template <class T>
+void softmax_rows(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPolicy& mask, int r_begin, int r_end,
+                  std::int64_t k0, int n, bool partial, int dv) {
+  for (int r = r_begin; r < r_end; ++r) {
+    float* sr = w.s.get() + static_cast<std::int64_t>(r) * kDecodeKeys;
+    score_row(w.heads[static_cast<std::size_t>(r)].hook, t.token(r), k0, sr, n);
+    if (partial) {
+      const TileKeys vis = mask_row(mask, t.token(r), k0, n, sr);
+      w.lo[r] = vis.begin;
+      w.hi[r] = vis.end;
+    }
+    online_softmax_row(sr, n, w.m[r], w.l[r], w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, dv);
+  }
+}
+
+// From this many rows of one KV head on (Sq · G, e.g. speculative decoding), a block is converted to float once,
+// Kᵀ and V, and both products run on the forward's register-tiled matrix kernel (tile_ops.h gemm_nn): the
+// per-row dot products above reload and widen each key row once per four rows and pay a horizontal sum per score.
+constexpr int kMatrixRows = 16;
+
+template <class T>
+void block_rows_gemm(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPolicy& mask, int r_begin, int r_end,
+                     std::int64_t k0, int n, bool partial, int d, int dv, const Ahead<T>& ahead) {
+  const int rows = r_end - r_begin, np = padded(n);
+  float* kt = w.kt.get();
+  for (int j = 0; j < n; ++j) {
+    ahead.fetch(j);
+    const T* kr = w.kp[j];
+    const T* vr = w.vp[j];
+    for (int c = 0; c < d; ++c) kt[c * kDecodeKeys + j] = to_float(kr[c]);
+    float* vd = w.vf.get() + static_cast<std::int64_t>(j) * w.ldv;
+    for (int c = 0; c < dv; ++c) vd[c] = to_float(vr[c]);
+  }
+  for (int c = 0; c < d; ++c)  // columns past n: zeros that the padded product multiplies and nobody reads
+    std::fill(kt + c * kDecodeKeys + n, kt + c * kDecodeKeys + np, 0.0f);
+  float* s = w.s.get() + static_cast<std::int64_t>(r_begin) * kDecodeKeys;
+  gemm_nn(rows, np, d, w.q.get() + static_cast<std::int64_t>(r_begin) * w.ldq, w.ldq, kt, kDecodeKeys, s, kDecodeKeys,
+          false);
+  softmax_rows(w, t, mask, r_begin, r_end, k0, n, partial, dv);
+  // P·V into its own tile, then added (the two-level sum of pv_cols); partial blocks bound each row's keys.
+  gemm_nn(rows, w.ldv, n, s, kDecodeKeys, w.vf.get(), w.ldv, w.pv.get(), w.ldv, false, partial ? w.lo.get() + r_begin : nullptr,
+          partial ? w.hi.get() + r_begin : nullptr);
+  add_rows(rows, w.ldv, w.pv.get(), w.acc.get() + static_cast<std::int64_t>(r_begin) * w.ldv);
+}
+
+// One key block [k0, k0 + n) for the rows of one KV head (rows [r_begin, r_end) of the tile): scores, hook,
+// mask, online softmax, P·V.
+template <class T>
+void block_rows(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPolicy& mask, int r_begin, int r_end,
+                std::int64_t k0, int n, bool partial, int d, int dv, const Ahead<T>& ahead) {
+  const T* const* kp = w.kp.get();
+  const T* const* vp = w.vp.get();
+  if (r_end - r_begin >= kMatrixRows) return block_rows_gemm(w, t, mask, r_begin, r_end, k0, n, partial, d, dv, ahead);
+  row_groups(r_end - r_begin, [&]<int NR>(int g) {
+    const int r = r_begin + g;
+    qk_rows<NR, NR <= 2 ? 4 : 2>(w.q.get() + static_cast<std::int64_t>(r) * w.ldq, w.ldq, d, kp, 0, n,
+                                 w.s.get() + static_cast<std::int64_t>(r) * kDecodeKeys, kDecodeKeys,
+                                 g == 0 ? ahead : Ahead<T>{});
+  });
+  softmax_rows(w, t, mask, r_begin, r_end, k0, n, partial, dv);
+  if (!partial) {
+    row_groups(r_end - r_begin, [&]<int NR>(int g) {
+      const int r = r_begin + g;
+      pv_rows<NR>(w.s.get() + static_cast<std::int64_t>(r) * kDecodeKeys, kDecodeKeys, vp, 0, n, dv,
+                  w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.ldv);
+    });
+    return;
+  }
+  for (int r = r_begin; r < r_end; ++r)  // row by row: a key a row does not see never enters its sums
+    pv_rows<1>(w.s.get() + static_cast<std::int64_t>(r) * kDecodeKeys, kDecodeKeys, vp, w.lo[r], w.hi[r], dv,
+               w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.ldv);
+}
+
+template <class T>
+void attend_tile(const AttnParams& p, DecodeScratch<T>& w, const RowTile& t, int split, int splits, float* parts) {
+  const int d = static_cast<int>(p.hdim), dv = static_cast<int>(p.hdim_v), rows = t.rows();
+  w.heads.clear();
+  for (int r = 0; r < rows; ++r) w.heads.emplace_back(p, t.b, t.head(r));
+  const detail::MaskPolicy& mask = w.heads.front().mask;  // one sequence: one mask for every head
+  const std::int64_t i0 = t.token(0), n_tok = t.token(t.per_head - 1) - i0 + 1;
+
+  for (int r = 0; r < rows; ++r) {
+    float* dst = w.q.get() + static_cast<std::int64_t>(r) * w.ldq;
+    const T* src = row_ptr<T>(p.q, p.q_stride, t.b, t.token(r), t.head(r));
+    for (int c = 0; c < d; ++c) dst[c] = to_float(src[c]) * p.softmax_scale;
+    if (split == 0) {  // the sink enters one split only, so that the merge counts it once
+      start_row(w.heads[static_cast<std::size_t>(r)], w.m[r], w.l[r]);
+    } else {
+      w.m[r] = kNegInf;
+      w.l[r] = 0.0f;
+    }
+    std::fill_n(w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.ldv, 0.0f);
+  }
+
+  const detail::Range keys = split_keys(mask, i0, n_tok, split, splits);
+  const T* kbase = static_cast<const T*>(p.k);
+  const T* vbase = static_cast<const T*>(p.v);
+  // Row offsets of the block at k0 into slot `half` of the double buffer; returns its key count.
+  const auto gather = [&](std::int64_t k0, int half) {
+    const int n = static_cast<int>(std::min<std::int64_t>(kDecodeKeys, keys.end - k0));
+    for (int j = 0; j < n; ++j) {
+      const detail::KvRow o = detail::kv_row(p, t.b, k0 + j);
+      w.koff[half * kDecodeKeys + j] = o.k;
+      w.voff[half * kDecodeKeys + j] = o.v;
+    }
+    return n;
+  };
+  int half = 0;
+  int n = keys.begin < keys.end ? gather(keys.begin, half) : 0;
+  for (std::int64_t k0 = keys.begin; k0 < keys.end; k0 += kDecodeKeys, half ^= 1) {
+    const int n_here = n;
+    n = k0 + kDecodeKeys < keys.end ? gather(k0 + kDecodeKeys, half ^ 1) : 0;
+    const detail::TileMask tm = mask.tile(i0, n_tok, k0, n_here);
+    if (tm == detail::TileMask::skip) continue;
+    const std::int64_t* koff = w.koff.get() + half * kDecodeKeys;
+    const std::int64_t* voff = w.voff.get() + half * kDecodeKeys;
+    for (int hh = 0; hh < t.heads; ++hh) {
+      const std::int64_t hk = t.hk0 + hh;
+      const T* kh = kbase + hk * p.k_stride.head;
+      const T* vh = vbase + hk * p.v_stride.head;
+      for (int j = 0; j < n_here; ++j) {
+        w.kp[j] = kh + koff[j];
+        w.vp[j] = vh + voff[j];
+      }
+      const Ahead<T> ahead{kh, vh, w.koff.get() + (half ^ 1) * kDecodeKeys, w.voff.get() + (half ^ 1) * kDecodeKeys, n,
+                           static_cast<int>(sizeof(T)) * d, static_cast<int>(sizeof(T)) * dv};
+      block_rows(w, t, mask, hh * t.per_head, (hh + 1) * t.per_head, k0, n_here, tm == detail::TileMask::partial, d,
+                 dv, ahead);
+    }
+  }
+
+  // The rows' results: final (one split) or a partial for the merge, [row][split][dv + 1] with the LSE last.
+  for (int r = 0; r < rows; ++r) {
+    const float l = w.l[r], m = w.m[r];
+    const float* ar = w.acc.get() + static_cast<std::int64_t>(r) * w.ldv;
+    const bool empty = l == 0.0f;  // no key, or all −inf (semantics: O = 0, LSE = −inf)
+    const float inv = empty ? 0.0f : 1.0f / l, lse = empty ? kNegInf : m + std::log(l);
+    const std::int64_t i = t.token(r), h = t.head(r);
+    if (splits == 1) {
+      T* o = row_ptr<T>(p.out, p.out_stride, t.b, i, h);
+      for (int c = 0; c < dv; ++c) o[c] = from_float<T>(empty ? 0.0f : ar[c] * inv);
+      if (p.lse != nullptr) p.lse[t.b * p.lse_stride.batch + h * p.lse_stride.head + i * p.lse_stride.row] = lse;
+      continue;
+    }
+    float* part = parts + (((t.b * p.heads_q + h) * p.seqlen_q + i) * splits + split) * (dv + 1);
+    for (int c = 0; c < dv; ++c) part[c] = empty ? 0.0f : ar[c] * inv;
+    part[dv] = lse;
+  }
+}
+
+// Merges the splits' partials of every row of (sequence b, KV head hk) into out and lse: lse = log Σ exp(lse_s),
+// o = Σ exp(lse_s − lse) o_s; parts without keys (−inf) add nothing; every part −inf: O = 0, LSE = −inf; a NaN
+// part makes the row NaN.
+template <class T>
+void merge_rows(const AttnParams& p, std::int64_t b, std::int64_t hk, int splits, const float* parts) {
+  const int dv = static_cast<int>(p.hdim_v);
+  const std::int64_t g = p.group();
+  for (std::int64_t h = hk * g; h < (hk + 1) * g; ++h)
+    for (std::int64_t i = 0; i < p.seqlen_q; ++i) {
+      const float* part = parts + ((b * p.heads_q + h) * p.seqlen_q + i) * splits * (dv + 1);
+      float mx = kNegInf;
+      bool nan = false;
+      for (int s = 0; s < splits; ++s) {
+        const float x = part[s * (dv + 1) + dv];
+        nan = nan || std::isnan(x);
+        mx = x > mx ? x : mx;
+      }
+      T* o = row_ptr<T>(p.out, p.out_stride, b, i, h);
+      float lse = mx;
+      if (nan) {
+        lse = std::numeric_limits<float>::quiet_NaN();
+        for (int c = 0; c < dv; ++c) o[c] = from_float<T>(lse);
+      } else if (mx == kNegInf) {
+        for (int c = 0; c < dv; ++c) o[c] = from_float<T>(0.0f);
+      } else {
+        float sum = 0.0f, wgt[1024];
+        for (int s = 0; s < splits; ++s) sum += (wgt[s] = std::exp(part[s * (dv + 1) + dv] - mx));
+        for (int c = 0; c < dv; ++c) {
+          float a = 0.0f;
+          for (int s = 0; s < splits; ++s)
+            if (wgt[s] > 0.0f) a += wgt[s] * part[s * (dv + 1) + c];
+          o[c] = from_float<T>(a / sum);
+        }
+        lse = mx + std::log(sum);
+      }
+      if (p.lse != nullptr) p.lse[b * p.lse_stride.batch + h * p.lse_stride.head + i * p.lse_stride.row] = lse;
+    }
+}
+
+// Writes k_new / v_new into the cache rows [cache_seqlens[b], cache_seqlens[b] + Snew) of every sequence.
+template <class T>
+void append(const AttnParams& p, int threads) {
+  const std::int64_t n = p.batch * p.seqlen_new;
+  parallel_tasks(n, threads, [] { return 0; }, [&](int&, std::int64_t task) {
+    const std::int64_t b = task / p.seqlen_new, t = task % p.seqlen_new;
+    const detail::KvRow o = detail::kv_row(p, b, p.cache_seqlens[b] + t);
+    for (std::int64_t hk = 0; hk < p.heads_kv; ++hk) {
+      std::memcpy(static_cast<T*>(const_cast<void*>(p.k)) + o.k + hk * p.k_stride.head,
+                  row_ptr<T>(p.k_new, p.k_new_stride, b, t, hk), sizeof(T) * static_cast<std::size_t>(p.hdim));
+      std::memcpy(static_cast<T*>(const_cast<void*>(p.v)) + o.v + hk * p.v_stride.head,
+                  row_ptr<T>(p.v_new, p.v_new_stride, b, t, hk), sizeof(T) * static_cast<std::size_t>(p.hdim_v));
+    }
+  });
+}
+
+template <class T>
+void decode_typed(const AttnParams& p, const DecodePlan& plan, int threads) {
+  if (p.seqlen_new > 0) append<T>(p, threads);
+  if (p.seqlen_q == 0 || p.heads_q == 0) return;  // an append without queries
+  const int splits = plan.splits;
+  const std::int64_t tiles = plan.tiles, tasks = p.batch * tiles * splits;
+  // The splits' partials: grown per calling thread and kept, so that steady decoding allocates nothing here.
+  thread_local std::vector<float> parts;
+  if (splits > 1)
+    parts.resize(std::max(parts.size(), static_cast<std::size_t>(p.batch * p.heads_q * p.seqlen_q * splits * (p.hdim_v + 1))));
+  float* part_data = parts.data();
+  parallel_tasks(
+      tasks, threads, [&] { return DecodeScratch<T>::for_thread(static_cast<int>(p.hdim), static_cast<int>(p.hdim_v)); },
+      [&](DecodeScratch<T>* w, std::int64_t task) {
+        const int split = static_cast<int>(task % splits);
+        const std::int64_t tile = task / splits % tiles, b = task / splits / tiles;
+        attend_tile<T>(p, *w, plan.tile(b, tile), split, splits, part_data);
+      });
+  if (splits == 1) return;
+  parallel_tasks(p.batch * p.heads_kv, threads, [] { return 0; }, [&](int&, std::int64_t task) {
+    merge_rows<T>(p, task / p.heads_kv, task % p.heads_kv, splits, part_data);
+  });
+}
+
+}  // namespace
+
+void decode(const AttnParams& p, const DecodePlan& plan, int threads) {
+  visit_dtype(p.dtype, [&]<class T>() { decode_typed<T>(p, plan, threads); });
+}
+
+}  // namespace flashtile::cpu::FT_ISA_NS
