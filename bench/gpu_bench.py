@@ -144,12 +144,18 @@ def bench_cell(ft, hdim, seqlen, causal, reps, deterministic=False, tokens=16384
     res["kernel_bwd"] = ft.backward(q, k, v, out, dout, lse, dq, dk, dv, causal=causal).split("\n")[0]
     t = time_ms(lambda: ft.backward(q, k, v, out, dout, lse, dq, dk, dv, causal=causal), reps)
     res["flashtile_bwd_ms"] = t
-    # cuda-sm90 (Hopper; forward only so far): the same call by name, when it can run here.
+    # cuda-sm90 (Hopper): the same call by name, when it can run here.
     try:
         res["kernel_sm90_fwd"] = ft.forward(q, k, v, out, lse, causal=causal, backend="cuda-sm90").split("\n")[0]
         res["sm90_fwd_ms"] = time_ms(lambda: ft.forward(q, k, v, out, lse, causal=causal, backend="cuda-sm90"), reps)
     except RuntimeError as e:
         res["sm90_error"] = str(e).split("\n")[0][:200]
+    try:
+        bwd90 = lambda: ft.backward(q, k, v, out, dout, lse, dq, dk, dv, causal=causal, backend="cuda-sm90")
+        res["kernel_sm90_bwd"] = bwd90().split("\n")[0]
+        res["sm90_bwd_ms"] = time_ms(bwd90, reps)
+    except RuntimeError as e:
+        res["sm90_bwd_error"] = str(e).split("\n")[0][:200]
     if deterministic:  # the cost of Options::deterministic (dQ added in key-block order)
         res["flashtile_det_bwd_ms"] = time_ms(
             lambda: ft.backward(q, k, v, out, dout, lse, dq, dk, dv, causal=causal, deterministic=True), reps)
