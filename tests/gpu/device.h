@@ -127,6 +127,18 @@ inline flashtile::Options cuda_options_bwd(const ft_test::Case& c, bool determin
 
 // Empty when the CUDA backend would run this problem; else the refusal text (e.g. a kernel this subset
 // build did not compile).
+// Empty when the backward (deterministic or not) would run on the backend under test; else the refusal text.
+inline std::string refusal_bwd(const DevProblem& d, const ft_test::Case& c, bool deterministic = false) {
+  try {
+    const auto rb = flashtile::explain_backward(d.q.view(), d.k.view(), d.v.view(), d.out.view(), d.dout.view(),
+                                                d.lse.view(), d.dq.view(), d.dk.view(), d.dv.view(),
+                                                cuda_options_bwd(c, deterministic));
+    return rb.ran.backend == gpu_backend_bwd(deterministic) ? std::string() : rb.to_string();
+  } catch (const flashtile::Error& e) {
+    return e.what();
+  }
+}
+
 // Both directions are asked: a subset build may hold a call's forward kernel and not its backward one (the
 // backends' head-dim buckets differ: d = 8 is sm90's bucket 64 and sm80's bucket 32).
 inline std::string refusal(const DevProblem& d, const ft_test::Case& c) {
@@ -134,13 +146,10 @@ inline std::string refusal(const DevProblem& d, const ft_test::Case& c) {
     const auto r =
         flashtile::explain_forward(d.q.view(), d.k.view(), d.v.view(), d.out.view(), d.lse.view(), cuda_options(c));
     if (r.ran.backend != gpu_backend()) return r.to_string();
-    const auto rb = flashtile::explain_backward(d.q.view(), d.k.view(), d.v.view(), d.out.view(), d.dout.view(),
-                                                d.lse.view(), d.dq.view(), d.dk.view(), d.dv.view(),
-                                                cuda_options_bwd(c));
-    return rb.ran.backend == gpu_backend_bwd() ? std::string() : rb.to_string();
   } catch (const flashtile::Error& e) {
     return e.what();
   }
+  return refusal_bwd(d, c);
 }
 
 }  // namespace ft_gpu

@@ -60,9 +60,11 @@ struct BwdTraits {
   using SmemLayoutKt =
       decltype(composition(SmemLayoutKV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, Step<_2, _1>{})));
   // dS (queries x keys), K-major: A operand of dQ; dS^T (keys x queries) is the view the consumers write.
-  using SmemLayoutdS = decltype(tile_to_shape(smem_atom_k_major<Element, kBlockN>(), Shape<Int<kBlockM>, Int<kBlockN>>{}));
-  using SmemLayoutdSt =
-      decltype(composition(SmemLayoutdS{}, make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>>{}, Step<_2, _1>{})));
+  // Two buffers: step j writes buffer j % 2 while the other warpgroup may still read buffer (j - 1) % 2 for dQ.
+  using SmemLayoutdS = decltype(tile_to_shape(smem_atom_k_major<Element, kBlockN>(),
+                                              Shape<Int<kBlockM>, Int<kBlockN>, _2>{}));
+  using SmemLayoutdSt = decltype(composition(
+      SmemLayoutdS{}, make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>, _2>{}, Step<_2, _1, _3>{})));
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   struct SharedStorage {
@@ -71,6 +73,8 @@ struct BwdTraits {
     alignas(1024) Element q[cosize_v<SmemLayoutQ>];
     alignas(1024) Element dout[cosize_v<SmemLayoutQ>];
     alignas(1024) Element ds[cosize_v<SmemLayoutdS>];
+    alignas(16) float lse_log2[kStages][kBlockM];  // the step's rows of the workspace, loaded with Q and dO
+    alignas(16) float dsum[kStages][kBlockM];
     alignas(16) uint64_t barrier_kv;
     typename Pipeline::SharedStorage pipeline_qdo;
   };
@@ -82,7 +86,7 @@ struct BwdTraits {
                                       Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
   using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutKV{},
                                        Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
-  static constexpr uint32_t kBytesQdO = 2 * kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kBytesQdO = 2 * kBlockM * kHeadDim * sizeof(Element) + 2 * kBlockM * sizeof(float);
   static constexpr uint32_t kBytesKV = 2 * kBlockN * kHeadDim * sizeof(Element);
 };
 
@@ -170,6 +174,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
       cutlass::PipelineState<Traits::kStages> write = cutlass::make_producer_start_state<Pipeline>();
       for (int g = 0; g < p.group; ++g) {
         const int h = hk * p.group + g;
+        const std::int64_t ws_head = ws_row0(p, b, h);
         Tensor mQ = domain_offset(make_coord(static_cast<int>(seq.q_row0), _0{}),
                                   kp.tma_q.get_tma_tensor(kp.shape_q)(_, _, h, bq));
         Tensor mdO = domain_offset(make_coord(static_cast<int>(seq.q_row0), _0{}),
@@ -183,6 +188,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
           pipeline.producer_acquire(write);
           copy(kp.tma_q.with(*pipeline.producer_get_barrier(write), 0), tQg(_, m), tQs(_, write.index()));
           copy(kp.tma_do.with(*pipeline.producer_get_barrier(write), 0), tdOg(_, m), tdOs(_, write.index()));
+          const std::int64_t row = ws_head + m * kBlockM;  // 16-byte aligned: slots are block_m aligned
+          SM90_BULK_COPY_G2S::copy(p.lse_log2 + row, pipeline.producer_get_barrier(write), ss.lse_log2[write.index()],
+                                   kBlockM * sizeof(float));
+          SM90_BULK_COPY_G2S::copy(p.dsum + row, pipeline.producer_get_barrier(write), ss.dsum[write.index()],
+                                   kBlockM * sizeof(float));
           ++write;
         }
       }
@@ -213,6 +223,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
   Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);    // queries x keys
   Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);    // hdim (this warpgroup's half) x keys
 
+  // dS^T leaves the registers through stmatrix (transposing, 8x8 blocks of 16-bit values): per-element stores
+  // cost ~150 registers of hoisted swizzled addresses, which the compiler spilled.
+  auto r2s_ds = make_tiled_copy_C(Copy_Atom<SM90_U16x8_STSM_T, Element>{}, mma_sdp);
+  auto r2s_thr_ds = r2s_ds.get_thread_slice(tidx);
+  Tensor tdSsdS = r2s_thr_ds.partition_D(sdSt);
+
   Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kD>>{});
   Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kD>>{});
   clear(acc_dk);
@@ -225,10 +241,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
 
   if (steps > 0) cutlass::arch::ClusterTransactionBarrier::wait(&ss.barrier_kv, 0);
   cutlass::PipelineState<Traits::kStages> read;
+  int buf = 0;  // dS buffer
   for (int g = 0; g < p.group && steps > 0; ++g) {
     const int h = hk * p.group + g;
     if constexpr (kHooks) hook = TileHook::make(detail::ScoreHook::make(a, seq, b, h));
     const std::int64_t ws_head = ws_row0(p, b, h);
+#pragma unroll 1
     for (int m = m_first; m < m_last; ++m) {
       const int m0 = m * kBlockM;
       const int stage = read.index();
@@ -237,50 +255,69 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
       Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
       wg_gemm<true, -1>(mma_sdp, tSrK, tSrQ(_, _, _, stage), acc_s);
       wg_gemm<true, -1>(mma_sdp, tdPrV, tdPrdO(_, _, _, stage), acc_dp);
-      warpgroup_wait<0>();
       Tensor s_rc = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
       Tensor dp_rc = make_tensor(acc_dp.data(), acc_rowcol(acc_dp.layout()));
       const bool mask_tile = n0 + kBlockN > sk ||
                              (kMasked && pol.tile(m0, min(kBlockM, sq - m0), n0, kBlockN) != detail::TileMask::full);
-      CUTE_UNROLL
-      for (int ni = 0; ni < size<1>(s_rc); ++ni) {
-        const int col = get<1>(tScS_rc(0, ni));  // query within the block
-        const float lse2 = p.lse_log2[ws_head + m0 + col];  // +inf past the sequence: P = 0
-        const float dsum = p.dsum[ws_head + m0 + col];
-        int lo = 0, hi = sk;
-        if (mask_tile && kMasked) {
-          lo = static_cast<int>(pol.key_begin(m0 + col));
-          hi = static_cast<int>(pol.key_end(m0 + col));
-        }
+      const float* lse_s = ss.lse_log2[stage];  // +inf past the sequence: P = 0
+      const float* dsum_s = ss.dsum[stage];
+      // P^T = exp2(S^T scale - lse) (0 outside the mask); `fused`: also dS^T = P^T (dP^T - dsum) dscore, for the
+      // score hooks, whose derivative dscore is known only here.
+      auto probabilities = [&](auto fused) __attribute__((always_inline)) {
         CUTE_UNROLL
-        for (int mi = 0; mi < size<0>(s_rc); ++mi) {
-          const int key = n0 + get<0>(tScS_rc(mi, 0));
-          float s = s_rc(mi, ni), dscore = 1.f;
-          if constexpr (kHooks)
-            s = hook.template apply<AnyHook>(s, static_cast<float>(m0 + col + hook.shift - key), dscore);
-          float pr = ex2(s * scale_log2 - lse2);
-          if (mask_tile && (key < lo || key >= hi)) pr = 0.f;
-          s_rc(mi, ni) = pr;
-          dp_rc(mi, ni) = pr * (dp_rc(mi, ni) - dsum) * dscore;
+        for (int ni = 0; ni < size<1>(s_rc); ++ni) {
+          const int col = get<1>(tScS_rc(0, ni));  // query within the block
+          const float lse2 = lse_s[col];
+          int lo = 0, hi = sk;
+          if (mask_tile && kMasked) {
+            lo = static_cast<int>(pol.key_begin(m0 + col));
+            hi = static_cast<int>(pol.key_end(m0 + col));
+          }
+          CUTE_UNROLL
+          for (int mi = 0; mi < size<0>(s_rc); ++mi) {
+            const int key = n0 + get<0>(tScS_rc(mi, 0));
+            float s = s_rc(mi, ni), dscore = 1.f;
+            if constexpr (kHooks)
+              s = hook.template apply<AnyHook>(s, static_cast<float>(m0 + col + hook.shift - key), dscore);
+            float pr = ex2(s * scale_log2 - lse2);
+            if (mask_tile && (key < lo || key >= hi)) pr = 0.f;
+            s_rc(mi, ni) = pr;
+            if constexpr (decltype(fused)::value) dp_rc(mi, ni) = pr * (dp_rc(mi, ni) - dsum_s[col]) * dscore;
+          }
+        }
+      };
+      // Without hooks, P^T is computed while dP^T's product runs, and dV's product runs while dS^T is formed.
+      if constexpr (kHooks) {
+        warpgroup_wait<0>();
+        probabilities(cute::true_type{});
+      } else {
+        warpgroup_wait<1>();  // S^T is in
+        probabilities(cute::false_type{});
+      }
+      Tensor rP = convert_to<Element>(acc_s);
+      wg_gemm<false, -1>(mma_dkv, make_tensor(rP.data(), acc_as_a(rP.layout())), tdVrdOt(_, _, _, stage), acc_dv);
+      if constexpr (!kHooks) {
+        warpgroup_wait<1>();  // dP^T is in (dV's product may still run)
+        CUTE_UNROLL
+        for (int ni = 0; ni < size<1>(s_rc); ++ni) {
+          const float dsum = dsum_s[get<1>(tScS_rc(0, ni))];
+          CUTE_UNROLL
+          for (int mi = 0; mi < size<0>(s_rc); ++mi) dp_rc(mi, ni) = s_rc(mi, ni) * (dp_rc(mi, ni) - dsum);
         }
       }
-      // dV += P^T dO, dK += dS^T Q.
-      Tensor rP = convert_to<Element>(acc_s);
       Tensor rdS = convert_to<Element>(acc_dp);
-      wg_gemm<false, -1>(mma_dkv, make_tensor(rP.data(), acc_as_a(rP.layout())), tdVrdOt(_, _, _, stage), acc_dv);
       wg_gemm<false, -1>(mma_dkv, make_tensor(rdS.data(), acc_as_a(rdS.layout())), tdKrQt(_, _, _, stage), acc_dk);
-      // dS^T into shared memory (as dS) for dQ; the previous step's dQ products read it: wait for both warpgroups.
-      cutlass::arch::NamedBarrier::sync(Traits::kMmaThreads, 1);
-      CUTE_UNROLL
-      for (int i = 0; i < size(rdS); ++i) sdSt(get<0>(tScS(i)), get<1>(tScS(i))) = rdS(i);
+      // dS^T into this step's dS buffer for dQ = dS K over both warpgroups' keys. The buffer was last read by the
+      // dQ products two steps ago, which both warpgroups waited for before last step's barrier.
+      copy(r2s_ds, r2s_thr_ds.retile_S(rdS), tdSsdS(_, _, _, buf));
       cutlass::arch::fence_view_async_shared();  // generic-proxy stores, read next by wgmma
       cutlass::arch::NamedBarrier::sync(Traits::kMmaThreads, 1);
-      warpgroup_wait<0>();  // dV, dK done: P^T and dS^T's registers are free before dQ's accumulator is live
       Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kD>>{});
-      wg_gemm<true, -1>(mma_dq, tdQrdS, tdQrKt, acc_dq);
-      warpgroup_wait<0>();
+      wg_gemm<true, -1>(mma_dq, tdQrdS(_, _, _, buf), tdQrKt, acc_dq);
+      warpgroup_wait<0>();  // dV, dK, dQ
       pipeline.consumer_release(read);  // Q_j, dO_j no longer read
       ++read;
+      buf ^= 1;
       float* dq_blk = p.dq_accum + (ws_head + m0) * kD;
       CUTE_UNROLL
       for (int i = 0; i < size(acc_dq); i += 4)
