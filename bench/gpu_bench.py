@@ -156,9 +156,12 @@ def bench_cell(ft, hdim, seqlen, causal, reps, deterministic=False, tokens=16384
         res["sm90_bwd_ms"] = time_ms(bwd90, reps)
     except RuntimeError as e:
         res["sm90_bwd_error"] = str(e).split("\n")[0][:200]
-    if deterministic:  # the cost of Options::deterministic (dQ added in key-block order)
+    if deterministic:  # the cost of Options::deterministic (dQ added in key-block order), on both backends
         res["flashtile_det_bwd_ms"] = time_ms(
             lambda: ft.backward(q, k, v, out, dout, lse, dq, dk, dv, causal=causal, deterministic=True), reps)
+        if "sm90_bwd_ms" in res:
+            res["sm90_det_bwd_ms"] = time_ms(lambda: ft.backward(q, k, v, out, dout, lse, dq, dk, dv, causal=causal,
+                                                                 deterministic=True, backend="cuda-sm90"), reps)
     # Peers on the same data, torch layout (B, H, S, D) as views.
     qt, kt, vt, dot = (x.transpose(1, 2) for x in (q, k, v, dout))
     for name, backend in PEERS.items():

@@ -1,7 +1,7 @@
-// The CUDA backend "cuda-sm90": the Hopper forward (warp-specialised TMA producer, wgmma consumer
+// The CUDA backend "cuda-sm90": the Hopper forward and backward (warp-specialised TMA producer, wgmma consumer
 // warpgroups; src/cuda/sm90/) for GPUs of compute capability 9.0 (H100, H200). Registered before cuda-sm80,
-// so auto picks it where it can run; what it refuses (the backward, strides TMA cannot take, an unbuilt
-// kernel) runs on cuda-sm80 with the reason in the dispatch report.
+// so auto picks it where it can run; what it refuses (a backward head dim outside 64 and 128, strides TMA
+// cannot take, an unbuilt kernel, the KV cache) runs on cuda-sm80 with the reason in the dispatch report.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -58,8 +58,6 @@ class CudaSm90 final : public Backend {
       why.push_back("compute capability " + std::to_string(gpu->major) + "." + std::to_string(gpu->minor) + " of " +
                     gpu->name + " is not 9.0 (the kernels are sm_90a code: wgmma, setmaxnreg, TMA)");
     if (p.is_backward()) {
-      if (p.deterministic)
-        why.push_back(std::string("deterministic: ") + kName + "'s backward has no ordered dQ accumulation yet");
       const int b = bucket_of(p);
       if (b != 64 && b != 128)
         why.push_back("backward: head-dim bucket " + std::to_string(b) + " is not in " + kName +
@@ -110,7 +108,8 @@ class CudaSm90 final : public Backend {
       k.block_k = 128;
       k.threads = 384;
       d << "hdim_bucket=" << bucket << " warpgroups=1 producer (TMA: K, V once; Q, dO per step) + 2 consumers "
-        << "(64 keys each; S^T, dP^T, dV, dK, dQ on wgmma) registers=24/240 stages=2 dq=fp32 reductions";
+        << "(64 keys each; S^T, dP^T, dV, dK, dQ on wgmma) registers=24/240 stages=2 dq=fp32 reductions"
+        << (p.deterministic ? " in key-block order (deterministic)" : "");
     }
     d << " variant=" << cuda::kind_name(kind) << " (tiles: "
       << (kind == Kind::plain ? "every key tile" : "the mask policy's") << ") dtype=" << dtype_name(p.dtype)

@@ -1,16 +1,16 @@
-// Backward kernel of the sm90 path (Hopper, sm_90a), first cut: warp-specialised, TMA-fed, the five products
-// on wgmma. UNTESTED ON A GPU (branch sm90-bwd): compiled only.
+// Backward kernel of the sm90 path (Hopper, sm_90a): warp-specialised, TMA-fed, the five products on wgmma.
 //
 // One CTA per (key block of 128 keys, KV head, sequence); it walks the query heads of its group and, for each, the
 // query blocks (64 rows) the mask policy pairs with its keys (query_tiles). Warpgroup 0 (producer, 24 registers)
-// loads K and V once and Q_j, dO_j per step into a 2-stage ring (one mbarrier pipeline, Q and dO on the same stage
-// barrier). Warpgroups 1 and 2 (240 registers) own 64 keys each; per step, with keys as the rows of every
-// accumulator (FlashAttention-3's "swapped" S and dP):
-//   S^T = K Q^T, dP^T = V dO^T            (wgmma, both operands in shared memory)
-//   P^T = exp2(S^T scale log2e - lse_log2), dS^T = P^T (dP^T - dsum)   (lse_log2, dsum from the workspace)
-//   dV += P^T dO, dK += dS^T Q            (P^T and dS^T from registers, dO and Q as MN-major B operands)
-//   dS^T to shared memory as dS; both warpgroups: dQ_j = dS K (each one half of the head dim), added to the fp32
-//   workspace with 16-byte reductions in the thread order dq_convert reads back.
+// loads K and V once and Q_j, dO_j (TMA) with their rows of lse_log2 and dsum (bulk copies) per step into a
+// 2-stage ring (one mbarrier pipeline). Warpgroups 1 and 2 (240 registers) own 64 keys each; per step, with keys
+// as the rows of every accumulator (FlashAttention-3's "swapped" S and dP):
+//   S^T = K Q^T, dP^T = V dO^T            (wgmma, both operands in shared memory, issued together)
+//   P^T = exp2(S^T scale log2e - lse_log2) while dP^T's product runs; dV += P^T dO issued, then
+//   dS^T = P^T (dP^T - dsum) while dV's product runs; dK += dS^T Q  (P^T, dS^T from registers, dO, Q MN-major)
+//   dS^T to shared memory (stmatrix, two buffers: one barrier per step); both warpgroups: dQ_j = dS K (each one
+//   half of the head dim), added to the fp32 workspace with 16-byte reductions in the thread order dq_convert
+//   reads back; deterministic mode adds in key-block order (a turn counter per query block).
 // dK = softmax_scale * sum dS^T Q and dV are written once at the end (rows below the sequence's keys).
 #pragma once
 
@@ -319,9 +319,27 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
       ++read;
       buf ^= 1;
       float* dq_blk = p.dq_accum + (ws_head + m0) * kD;
+      int* turn_counter = nullptr;
+      if (a.deterministic) {  // key blocks add to this query block in their order: wait for the previous one
+        turn_counter = p.dq_semaphore + (ws_head + m0) / kBlockM;
+        int turn = n_block;
+        if constexpr (kMasked) turn -= static_cast<int>(pol.key_tiles(m0, min(kBlockM, sq - m0), kBlockN).begin);
+        if (tidx == 0) {
+          int seen;
+          do {
+            asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(turn_counter) : "memory");
+          } while (seen != turn);
+        }
+        cutlass::arch::NamedBarrier::sync(Traits::kMmaThreads, 2);
+      }
       CUTE_UNROLL
       for (int i = 0; i < size(acc_dq); i += 4)
         red_add4(dq_blk + dq_offset(i, tidx), acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3));
+      if (a.deterministic) {  // this block's sums visible before the next key block's turn
+        __threadfence();
+        cutlass::arch::NamedBarrier::sync(Traits::kMmaThreads, 2);
+        if (tidx == 0) atomicAdd(turn_counter, 1);
+      }
     }
   }
 

@@ -1,4 +1,5 @@
-// Host-side launcher of the sm90 backward (included by the generated instance files only): preprocess (dsum,
+// Host-side launcher of the sm90 backward (included by the generated instance files only): [clear the
+// deterministic turn counters] -> preprocess (dsum,
 // lse_log2, dq_accum cleared; sm80's kernel, with this path's block_m) -> [sink gradient] -> main kernel -> dQ
 // conversion. TMA descriptors are built per call on the host, as in the forward.
 #pragma once
@@ -14,9 +15,13 @@ template <class Element, int kHeadDim, class V>
 cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
   using Traits = BwdTraits<Element, kHeadDim>;
   const detail::AttnParams& a = p.a;
-  if (p.block_m != Traits::kBlockM || p.hdim_pad != kHeadDim || a.deterministic) return cudaErrorInvalidValue;
+  if (p.block_m != Traits::kBlockM || p.hdim_pad != kHeadDim) return cudaErrorInvalidValue;
   const auto batch = static_cast<unsigned>(a.batch), heads_q = static_cast<unsigned>(a.heads_q);
   cudaError_t e = cudaSuccess;
+  if (a.deterministic && p.ws_slots > 0) {  // the key blocks' turn counters, one per query block
+    e = cudaMemsetAsync(p.dq_semaphore, 0, static_cast<size_t>(p.ws_slots / Traits::kBlockM) * sizeof(int), stream);
+    if (e != cudaSuccess) return e;
+  }
   constexpr int kRowsPerBlock = sm80::kAuxThreads / (kHeadDim / 8 <= 8 ? 8 : kHeadDim / 8 <= 16 ? 16 : 32);
   if (p.seqlen_q_pad > 0 && batch > 0 && heads_q > 0) {
     const dim3 pre_grid(static_cast<unsigned>((p.seqlen_q_pad + kRowsPerBlock - 1) / kRowsPerBlock), heads_q, batch);
