@@ -210,6 +210,18 @@ def markdown(meta, rows):
                 ratios.append(f"{ft / p:.2f}" if (p and ft) else "n/a")
             lines.append("| " + " | ".join(cells + ratios) + " |")
         lines.append("")
+    if any("flashtile_det_bwd_tflops" in r for r in rows):  # --deterministic: the cost of ordered dQ sums
+        lines += ["## Deterministic backward (dQ added in key-block order)", "",
+                  "| hdim | seqlen | causal | cuda-sm80 TF/s | ÷ its default | cuda-sm90 TF/s | ÷ its default |",
+                  "|---:|---:|:---:|---:|---:|---:|---:|"]
+        for r in rows:
+            cells = [str(r["hdim"]), str(r["seqlen"]), "yes" if r["causal"] else "no"]
+            for det, base in (("flashtile_det_bwd_tflops", "flashtile_bwd_tflops"),
+                              ("sm90_det_bwd_tflops", "sm90_bwd_tflops")):
+                d, b = r.get(det), r.get(base)
+                cells += [f"{d:.0f}" if d else "n/a", f"{d / b:.2f}" if (d and b) else "n/a"]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
     return "\n".join(lines)
 
 
