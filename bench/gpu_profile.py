@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_bench  # noqa: E402
 
 
-def make_calls(ft, hdim, seqlen, causal):
+def make_calls(ft, hdim, seqlen, causal, peers=False):
     """The four calls on one bench cell's shape: {name: (fn, flops)}. Call them inside
     sdpa_kernel(SDPBackend.FLASH_ATTENTION), as bench/gpu_bench.py does, so torch's forward runs its flash backend."""
     s, d = seqlen, hdim
@@ -47,6 +47,25 @@ def make_calls(ft, hdim, seqlen, causal):
         "flash_fwd": (lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal), fwd_flops),
         "flash_bwd": (lambda: torch.autograd.grad(o, (qg, kg, vg), dot, retain_graph=True), 2.5 * fwd_flops),
     }
+    if not peers:
+        return calls, f"b={b} h={h} s={s} d={d} causal={int(causal)}"
+    # --peers: cuda-sm90 by name and torch's cuDNN backend too (the Hopper kernels side by side under ncu).
+    calls["sm90_fwd"] = (lambda: ft.forward(q, k, v, out, lse, causal=causal, backend="cuda-sm90"), fwd_flops)
+    calls["sm90_bwd"] = (lambda: ft.backward(q, k, v, out, dout, lse, dq, dk, dv, causal=causal, backend="cuda-sm90"),
+                         2.5 * fwd_flops)
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        oc = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+
+    def cudnn_fwd():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+
+    def cudnn_bwd():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return torch.autograd.grad(oc, (qg, kg, vg), dot, retain_graph=True)
+
+    calls["cudnn_fwd"] = (cudnn_fwd, fwd_flops)
+    calls["cudnn_bwd"] = (cudnn_bwd, 2.5 * fwd_flops)
     return calls, f"b={b} h={h} s={s} d={d} causal={int(causal)}"
 
 
@@ -108,6 +127,7 @@ def main():
     ap.add_argument("--seqlen", type=int, default=4096)
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--time", action="store_true", help="also time each call (not under ncu)")
+    ap.add_argument("--peers", action="store_true", help="also cuda-sm90 by name and torch's cuDNN backend")
     ap.add_argument("--breakdown", action="store_true", help="kernel time vs the rest, for each of --cells")
     ap.add_argument("--cells", default="128:512:0,128:512:1,64:512:0,256:512:0,128:4096:0",
                     help="hdim:seqlen:causal, comma-separated (with --breakdown)")
@@ -118,7 +138,7 @@ def main():
         if args.breakdown:
             breakdown(ft, args.cells.split(","), args.json)
             return
-        calls, shape = make_calls(ft, args.hdim, args.seqlen, args.causal)
+        calls, shape = make_calls(ft, args.hdim, args.seqlen, args.causal, args.peers)
         for name, (fn, flops) in calls.items():
             fn()
             torch.cuda.synchronize()

@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""Tensor-pipe and issue-slot utilisation of FlashTile's kernels beside torch's (flash, cuDNN) on one shape, from ncu.
+
+Runs bench/gpu_profile.py --peers under `ncu --metrics` (a handful of counters: few replay passes, unlike
+--set full) and prints one line per kernel longer than --min-us:
+
+    python3 bench/ncu_pipes.py --lib build/gpu/src/libflashtile_capi.so --hdim 128 --seqlen 8192 [--causal]
+
+Columns: duration (µs), tensor pipe active (% of peak sustained: wgmma on Hopper, mma.sync otherwise, whichever the
+chip counts), issue slots busy (% of peak sustained, ncu's "Issue Slots Busy"), SM throughput (% of peak).
+Metric names differ between ncu versions and chips: those this ncu does not list are left out (named in the output).
+"""
+import argparse
+import csv
+import io
+import os
+import subprocess
+import sys
+
+WANTED = {  # column -> candidate base metrics, first one this ncu knows wins
+    "tensor %": ["sm__pipe_tensor_op_gmma_cycles_active", "sm__pipe_tensor_op_hmma_cycles_active",
+                 "sm__pipe_tensor_cycles_active"],
+    "mma.sync %": ["sm__pipe_tensor_op_hmma_cycles_active"],
+    "issue %": ["sm__inst_issued"],
+    "SM %": ["sm__throughput"],
+}
+SUFFIX = {"SM %": ".avg.pct_of_peak_sustained_elapsed"}
+
+
+def known_metrics(chip):
+    out = subprocess.run(["ncu", "--query-metrics", "--chip", chip], capture_output=True, text=True).stdout
+    return {line.split()[0] for line in out.splitlines() if line.strip() and not line.startswith(("-", "Device"))}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", required=True)
+    ap.add_argument("--hdim", type=int, default=128)
+    ap.add_argument("--seqlen", type=int, default=8192)
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--chip", default="gh100")
+    ap.add_argument("--min-us", type=float, default=50.0)
+    args = ap.parse_args()
+    known = known_metrics(args.chip)
+    cols = {}
+    for col, cands in WANTED.items():
+        hit = next((c for c in cands if c in known), None)
+        if hit is None:
+            print(f"(no metric for '{col}' in this ncu: tried {cands})")
+        else:
+            cols[col] = hit + SUFFIX.get(col, ".avg.pct_of_peak_sustained_active")
+    metrics = ["gpu__time_duration.sum"] + sorted(set(cols.values()))
+    here = os.path.dirname(os.path.abspath(__file__))
+    cmd = ["ncu", "--clock-control", "none", "--csv", "--metrics", ",".join(metrics), sys.executable,
+           os.path.join(here, "gpu_profile.py"), "--lib", args.lib, "--peers", "--hdim", str(args.hdim),
+           "--seqlen", str(args.seqlen)] + (["--causal"] if args.causal else [])
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    lines = [l for l in res.stdout.splitlines() if l.startswith('"')]
+    if res.returncode != 0 or not lines:
+        sys.exit(f"ncu failed ({res.returncode}): {res.stderr[-2000:]}")
+    per = {}  # (launch id, kernel) -> {metric: value}
+    for row in csv.DictReader(io.StringIO("\n".join(lines))):
+        key = (int(row["ID"]), row["Kernel Name"])
+        value = float(row["Metric Value"].replace(",", "") or "nan")
+        if row["Metric Name"].startswith("gpu__time_duration"):  # to µs, whatever unit ncu chose
+            value *= {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}.get(row.get("Metric Unit", ""), 1e-3)
+        per.setdefault(key, {})[row["Metric Name"]] = value
+    print(f"shape: hdim {args.hdim}, seqlen {args.seqlen}, causal {int(args.causal)} (bench cell: 16k tokens, d_model 2048)")
+    print(f"{'kernel':70s} {'µs':>8s} " + " ".join(f"{c:>10s}" for c in cols))
+    for (_, name), m in sorted(per.items()):
+        us = m.get("gpu__time_duration.sum", 0.0)
+        if us < args.min_us:
+            continue
+        vals = " ".join(f"{m.get(metric, float('nan')):10.1f}" for metric in cols.values())
+        print(f"{name[:70]:70s} {us:8.1f} {vals}")
+
+
+if __name__ == "__main__":
+    main()
