@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <sstream>
+#include <utility>
 
 #include "flashtile/errors.h"
 #include "kernel_switch.h"
@@ -71,6 +72,28 @@ T read_device(const T* src, cudaStream_t stream, const char* backend) {
   throw InvalidArgument(m.str());
 }
 
+// The KV-cache call's own device pointers (runtime.cpp's check_device_pointers covers q, k, v, out, lse, slopes and
+// sinks; these belong in its list, proposed there): memory of the tensors' device, as the kernels read it there.
+void check_kvcache_pointers(const AttnParams& p, detail::Reasons& why) {
+  const std::pair<const char*, const void*> list[] = {{"cache_seqlens", p.cache_seqlens}, {"block_table", p.page_table},
+                                                      {"cache_batch_idx", p.cache_batch_idx}, {"k_new", p.k_new},
+                                                      {"v_new", p.v_new}, {"workspace", p.workspace}};
+  for (const auto& [name, ptr] : list) {
+    if (ptr == nullptr) continue;
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, ptr) != cudaSuccess) {
+      (void)cudaGetLastError();
+      why.push_back(std::string("device: ") + name + " is not CUDA memory (cudaPointerGetAttributes failed)");
+      return;
+    }
+    if (a.type == cudaMemoryTypeManaged) continue;
+    if (a.type != cudaMemoryTypeDevice || a.device != p.device_index) {
+      why.push_back(std::string("device: ") + name + " is not memory of cuda:" + std::to_string(p.device_index));
+      return;
+    }
+  }
+}
+
 }  // namespace
 
 std::string Plan::reason() const {
@@ -103,6 +126,7 @@ Plan plan(const AttnParams& p) {
 }
 
 void can_run(const AttnParams& p, int smem_optin, detail::Reasons& why) {
+  if (!p.device_pointers_checked) check_kvcache_pointers(p, why);
   const std::int64_t dmax = std::max(p.hdim, p.hdim_v);
   const int bucket = decode_bucket(dmax);
   if (bucket == 0) {
