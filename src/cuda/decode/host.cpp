@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <sstream>
 #include <utility>
@@ -99,12 +100,15 @@ void check_kvcache_pointers(const AttnParams& p, detail::Reasons& why) {
 std::string Plan::reason() const {
   if (given) return "num_splits as given";
   std::ostringstream s;
-  s << "auto: " << ctas << " CTAs (B·Hkv·row_tiles) for " << sms << " SMs at 2 CTAs each";
-  if (splits == 1) s << ": enough without splitting";
-  else s << ", at least 4 key tiles (256 keys) per split of the seqlen_k bound";
+  s << "auto: " << ctas << " CTAs (B·Hkv·row_tiles) on " << sms << " SMs x " << per_sm
+    << " resident; the fewest splits within 85 % of the best wave efficiency, at most one per 4 key tiles (256 keys)"
+    << " of the seqlen_k bound";
   return s.str();
 }
 
+// FlashAttention's split heuristic: the wave efficiency of s splits is waves / ceil(waves) with waves = ctas · s /
+// (SMs · CTAs per SM); the fewest splits reaching 85 % of the best efficiency win (a partial last wave leaves SMs
+// idle, more splits cost a larger combine).
 Plan plan(const AttnParams& p) {
   Plan d;
   d.bucket = decode_bucket(std::max(p.hdim, p.hdim_v));
@@ -112,16 +116,26 @@ Plan plan(const AttnParams& p) {
   d.row_tiles = static_cast<int>((rows + kRowsPerTile - 1) / kRowsPerTile);
   d.ctas = p.batch * p.heads_kv * d.row_tiles;
   d.sms = sm_count(p.device_index);
+  const Gpu* g = gpu(p.device_index);
+  const int smem = d.bucket > 0 ? decode_smem_bytes(d.bucket) : 1;
+  d.per_sm = std::clamp(g != nullptr ? g->smem_optin / smem : 1, 1, 4);  // 128 threads, < 128 registers each
   if (p.num_splits > 0) {
     d.given = true;
     d.splits = p.num_splits;
     return d;
   }
   const std::int64_t tiles = (p.seqlen_k + kBlockN - 1) / kBlockN;
-  const std::int64_t target = 2 * std::int64_t{std::max(d.sms, 1)};
-  const std::int64_t most = std::clamp<std::int64_t>(tiles / 4, 1, kMaxSplits);
-  const std::int64_t want = d.ctas > 0 ? (target + d.ctas - 1) / d.ctas : 1;
-  d.splits = static_cast<int>(std::clamp<std::int64_t>(want, 1, most));
+  const int most = static_cast<int>(std::clamp<std::int64_t>(tiles / 4, 1, kMaxSplits));
+  const double slots = static_cast<double>(std::max(d.sms, 1) * d.per_sm);
+  auto efficiency = [&](int s) {
+    const double waves = static_cast<double>(d.ctas * s) / slots;
+    return waves / std::ceil(waves);
+  };
+  double best = 0.0;
+  for (int s = 1; s <= most; ++s) best = std::max(best, efficiency(s));
+  d.splits = 1;
+  while (d.splits < most && efficiency(d.splits) < 0.85 * best) ++d.splits;
+  if (d.ctas == 0) d.splits = 1;
   return d;
 }
 
