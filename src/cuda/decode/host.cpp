@@ -113,11 +113,12 @@ Plan plan(const AttnParams& p) {
   Plan d;
   d.bucket = decode_bucket(std::max(p.hdim, p.hdim_v));
   const std::int64_t rows = p.group() * p.seqlen_q;
-  d.row_tiles = static_cast<int>((rows + kRowsPerTile - 1) / kRowsPerTile);
+  d.rows_per_tile = rows_per_tile(rows);
+  d.row_tiles = static_cast<int>((rows + d.rows_per_tile - 1) / d.rows_per_tile);
   d.ctas = p.batch * p.heads_kv * d.row_tiles;
   d.sms = sm_count(p.device_index);
   const Gpu* g = gpu(p.device_index);
-  const int smem = d.bucket > 0 ? decode_smem_bytes(d.bucket) : 1;
+  const int smem = d.bucket > 0 ? decode_smem_bytes(d.bucket, d.rows_per_tile) : 1;
   d.per_sm = std::clamp(g != nullptr ? g->smem_optin / smem : 1, 1, 4);  // 128 threads, < 128 registers each
   if (p.num_splits > 0) {
     d.given = true;
@@ -151,9 +152,10 @@ void can_run(const AttnParams& p, int smem_optin, detail::Reasons& why) {
   if (p.dtype != DType::float32 && !decode_built(e, bucket))
     why.push_back(std::string("KV cache: decode kernel not built in this build: ") + elem_name(e) + " hdim " +
                   std::to_string(bucket) + " (built: " + decode_built_kernels() + ")");
-  if (decode_smem_bytes(bucket) > smem_optin)
+  const int smem = decode_smem_bytes(bucket, rows_per_tile(p.group() * p.seqlen_q));
+  if (smem > smem_optin)
     why.push_back("shared memory: the hdim " + std::to_string(bucket) + " decode kernel needs " +
-                  std::to_string(decode_smem_bytes(bucket)) + " bytes per block");
+                  std::to_string(smem) + " bytes per block, the GPU allows " + std::to_string(smem_optin));
   if (p.num_splits > kMaxSplits)
     why.push_back("num_splits = " + std::to_string(p.num_splits) + " > " + std::to_string(kMaxSplits) +
                   " (the combine kernel's limit)");
@@ -164,14 +166,17 @@ void describe(const AttnParams& p, KernelInfo& k) {
   const Elem e = elem_of(p.dtype);
   k.kernel = std::string("sm80_decode_") + elem_name(e) + "_hdim" + std::to_string(d.bucket) + "_" +
              kind_name(kind_of(p));
-  k.block_q = kRowsPerTile;
+  k.block_q = d.rows_per_tile;
   k.block_k = kBlockN;
   k.threads = kThreads;
   k.splits = d.splits;
   std::ostringstream s;
-  s << "decode: rows_per_tile=" << kRowsPerTile << " (G·Sq = " << p.group() * p.seqlen_q << " packed rows, "
-    << d.row_tiles << " row tiles per KV head) keys_per_tile=" << kBlockN << " (4 warps x 16, merged at the end)"
-    << " stages=" << decode_stages(d.bucket) << " (cp.async ring, K and V) smem=" << decode_smem_bytes(d.bucket)
+  s << "decode: rows_per_tile=" << d.rows_per_tile << " (G·Sq = " << p.group() * p.seqlen_q << " packed rows, "
+    << d.row_tiles << " row tiles per KV head; " << (d.rows_per_tile == kRowsPerTile ? "16 rows while they fit" : "over 16 rows: 64")
+    << ") keys_per_tile=" << kBlockN
+    << (d.rows_per_tile == kRowsPerTile ? " (4 warps x 16 keys, merged at the end)" : " (4 warps x 16 rows)")
+    << " stages=" << decode_stages(d.bucket) << " (cp.async ring, K and V) smem="
+    << decode_smem_bytes(d.bucket, d.rows_per_tile)
     << "B splits=" << d.splits << " (" << d.reason() << ")" << (d.splits > 1 ? " + combine kernel" : "")
     << (p.page_table != nullptr ? " paged: page_size=" + std::to_string(p.page_size) : std::string(" contiguous"))
     << " index check: device-side, read back when the stream is not capturing";
@@ -189,6 +194,7 @@ void run(const AttnParams& p, const char* backend) {
   fill_params(p, k);
   k.splits = d.splits;
   k.row_tiles = d.row_tiles;
+  k.rows_per_tile = d.rows_per_tile;
   k.num_slots = 0;  // not in AttnParams yet: only negative pages and slots are refused on the device
   k.nan_on_bad = capture != cudaStreamCaptureStatusNone;
   const std::size_t bytes = workspace_bytes(p, d.splits);

@@ -11,7 +11,8 @@ namespace flashtile::cuda::decode {
 
 struct Plan {
   int bucket = 0;         // decode head-dim bucket
-  int row_tiles = 0;      // 16-row tiles of packed rows (G · Sq) per KV head
+  int rows_per_tile = 16; // params.h rows_per_tile(G · Sq)
+  int row_tiles = 0;      // tiles of packed rows (G · Sq) per KV head
   int splits = 1;
   std::int64_t ctas = 0;  // B · Hkv · row_tiles (before splitting)
   int sms = 0;

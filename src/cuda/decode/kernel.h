@@ -1,14 +1,15 @@
 // The decode kernel of cuda-sm80's KV-cache path (issue 14): one CTA per (row tile, split, KV head, sequence).
 //
 // Rows: the G query heads of the KV head times the Sq new tokens, packed (row r = token r / G, head r % G, the
-// CPU's RowTile packing in src/cpu/decode_plan.h), 16 per tile: one m16n8k16 MMA row block, so every K and V row
-// read from memory serves all of them.
+// CPU's RowTile packing in src/cpu/decode_plan.h), so every K and V row read from memory serves all of them; 16 or
+// 64 per tile (params.h rows_per_tile).
 // Keys: the split's part of the key tiles the rows see (core/mask.h key_tiles; tiles outside the mask are never
 // loaded), 64 keys per tile, loaded with 16-byte cp.async into a ring of kStages stages (K and V both in flight;
 // a paged cache is gathered 16 rows at a time through core/params.h kv_row(), page_size being a multiple of 16).
-// Warps: each of the four warps takes 16 keys of every tile and keeps its own online softmax (common/softmax.h)
-// and output, so no cross-warp reduction runs in the mainloop; the four are merged at the end as split parts are
-// (decode/merge.h). Q stays in registers for the whole loop.
+// Warps: with 16 rows, each of the four warps takes 16 keys of every tile and keeps its own online softmax
+// (common/softmax.h) and output, so no cross-warp reduction runs in the mainloop; the four are merged at the end
+// as split parts are (decode/merge.h). With 64 rows, each warp owns 16 rows and sees the whole tile (the forward
+// kernel's split). Q stays in registers for the whole loop.
 #pragma once
 
 #include "common/mask.h"
@@ -19,33 +20,43 @@
 
 namespace flashtile::cuda::decode {
 
-template <class Element_, int kHeadDim_>
+template <class Element_, int kHeadDim_, int kRowWarps_>
 struct Traits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kWarps = kThreads / 32;
-  static constexpr int kWarpN = kBlockN / kWarps;  // keys per warp per tile
-  static_assert(kWarpN == 16 && kRowsPerTile == 16 && kHeadDim % 64 == 0);
-  // Bytes in flight per CTA: (kStages - 1) · 64 keys · (D + D) · 2 = 64 KB at hdim 128 (two CTAs per H200 SM,
-  // 100 KB of shared memory each); hdim 64 takes one stage more for the same bytes.
+  static constexpr int kRowWarps = kRowWarps_;          // warps along the rows: 1 (16 rows) or 4 (64 rows)
+  static constexpr int kParts = kWarps / kRowWarps;     // warps along the keys of a tile, merged at the end
+  static constexpr int kRows = 16 * kRowWarps;          // rows per tile
+  static constexpr int kPartN = kBlockN / kParts;       // keys per part per tile
+  static_assert(kHeadDim % 64 == 0 && kPartN % 16 == 0 && (kRowWarps == 1 || kRowWarps == kWarps));
+  // Bytes in flight per CTA: (kStages - 1) · 64 keys · (D + D) · 2 = 64 KB at hdim 128 (two CTAs per H200 SM);
+  // hdim 64 takes one stage more for the same bytes.
   static constexpr int kStages = decode_stages(kHeadDim);
-  using TiledMma = TiledMMA<MmaAtomFor<Element>, Layout<Shape<_1, _1, _1>>, Tile<_16, _16, _16>>;
+  using TiledMma = TiledMMA<MmaAtomFor<Element>, Layout<Shape<Int<kRowWarps>, _1, _1>>,
+                            Tile<Int<16 * kRowWarps>, _16, _16>>;
   using Atom = sm80::SmemAtom<Element, kHeadDim>;
-  // 16 rows x D, 8-row swizzled atoms laid along the head dim first (Step<_2, _1>), so the 16 keys of warp w are
-  // the contiguous block [w · 16 · D, (w + 1) · 16 · D) of a stage, and Q is one such block.
-  using SmemLayoutRows =
-      decltype(tile_to_shape(typename Atom::Layout{}, Shape<_16, Int<kHeadDim>>{}, Step<_2, _1>{}));
-  using SmemLayoutRowsT =
-      decltype(composition(SmemLayoutRows{}, make_layout(Shape<Int<kHeadDim>, _16>{}, GenRowMajor{})));
-  using SmemLayoutRowsTNoSwizzle = decltype(get_nonswizzle_portion(SmemLayoutRowsT{}));
+  // Row-major tiles of 8-row swizzled atoms laid along the head dim first (Step<_2, _1>): every 16-row block of a
+  // stage is the contiguous stretch [g · 16 · D, (g + 1) · 16 · D), whatever the tile's height, so the loader
+  // writes one layout and each part reads its keys from its own block.
+  template <int kR>
+  using Rows = decltype(tile_to_shape(typename Atom::Layout{}, Shape<Int<kR>, Int<kHeadDim>>{}, Step<_2, _1>{}));
+  template <int kR>
+  using RowsT = decltype(composition(Rows<kR>{}, make_layout(Shape<Int<kHeadDim>, Int<kR>>{}, GenRowMajor{})));
+  using SmemLayoutQ = Rows<kRows>;
+  using SmemLayoutK = Rows<kPartN>;
+  using SmemLayoutVt = RowsT<kPartN>;
+  using SmemLayoutVtNoSwizzle = decltype(get_nonswizzle_portion(SmemLayoutVt{}));
+  using SmemLayoutBlock = Rows<16>;  // the loader's 16-row block
   using SmemCopyAtom = Copy_Atom<SM75_U32x4_LDSM_N, Element>;
   using SmemCopyAtomT = Copy_Atom<SM75_U16x8_LDSM_T, Element>;
   static constexpr int kBlockElems = 16 * kHeadDim;
   static constexpr int kStageElems = kBlockN * kHeadDim;
-  static constexpr int kSmemBytes = (kBlockElems + 2 * kStages * kStageElems) * int(sizeof(Element));
-  static_assert(kSmemBytes == decode_smem_bytes(kHeadDim));
-  // The epilogue's fp32 outputs and LSEs of the four warps reuse the K/V ring.
-  static_assert(kWarps * 16 * (kHeadDim + 1) * 4 <= 2 * kStages * kStageElems * int(sizeof(Element)));
+  static constexpr int kSmemQ = kRows * kHeadDim;
+  static constexpr int kSmemBytes = (kSmemQ + 2 * kStages * kStageElems) * int(sizeof(Element));
+  static_assert(kSmemBytes == decode_smem_bytes(kHeadDim, kRows));
+  // The epilogue's fp32 outputs and LSEs of the parts reuse the K/V ring.
+  static_assert(kParts * kRows * (kHeadDim + 1) * 4 <= 2 * kStages * kStageElems * int(sizeof(Element)));
 };
 
 // 16 bytes global -> shared, asynchronously; valid = false writes zeros and reads nothing.
@@ -63,19 +74,22 @@ CUTE_DEVICE PackedRow packed_row(int R, int group, int hk) { return {R / group, 
 template <class Tr, class V>
 __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant__ DecodeParams p) {
   using Element = typename Tr::Element;
-  constexpr int kD = Tr::kHeadDim, kStages = Tr::kStages, kWarpN = Tr::kWarpN;
+  constexpr int kD = Tr::kHeadDim, kStages = Tr::kStages, kPartN = Tr::kPartN, kTileRows = Tr::kRows;
   constexpr bool kMasked = V::kMasked, kHooks = V::kHooks;
   extern __shared__ __align__(128) char smem_raw[];
   Element* smem_q = reinterpret_cast<Element*>(smem_raw);
-  Element* smem_k = smem_q + Tr::kBlockElems;
+  Element* smem_k = smem_q + Tr::kSmemQ;
   Element* smem_v = smem_k + kStages * Tr::kStageElems;
   const detail::AttnParams& a = p.a;
 
-  const int tidx = threadIdx.x, warp = tidx / 32, lane = tidx % 32;
+  const int tidx = threadIdx.x;
+  // This thread's place in its part's MMA (the part's warps) and its part: the keys [part · kPartN, + kPartN)
+  // of every tile.
+  const int mma_idx = tidx % (32 * Tr::kRowWarps), part = tidx / (32 * Tr::kRowWarps);
   const int rt = blockIdx.x % p.row_tiles, split = blockIdx.x / p.row_tiles;
   const int hk = blockIdx.y, b = blockIdx.z;
   const int group = p.group, rows_total = group * static_cast<int>(a.seqlen_q);
-  const int r0 = rt * kRowsPerTile, nrows = min(kRowsPerTile, rows_total - r0);
+  const int r0 = rt * kTileRows, nrows = min(kTileRows, rows_total - r0);
   const int hdim = static_cast<int>(a.hdim), hdim_v = static_cast<int>(a.hdim_v);
   Element* out = static_cast<Element*>(a.out);
 
@@ -103,11 +117,11 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
 
   const Element* k_head = static_cast<const Element*>(a.k) + hk * a.k_stride.head;
   const Element* v_head = static_cast<const Element*>(a.v) + hk * a.v_stride.head;
-  const typename Tr::SmemLayoutRows rows_layout{};
+  const typename Tr::SmemLayoutBlock block_layout{};
 
   // Q: the tile's packed rows (zero past the last row and past hdim).
   constexpr int kChunks = kD / 8;  // 16-byte chunks per row
-  for (int i = tidx; i < 16 * kChunks; i += kThreads) {
+  for (int i = tidx; i < kTileRows * kChunks; i += kThreads) {
     const int r = i / kChunks, c = i % kChunks * 8;
     const bool ok = r < nrows && c < hdim;
     const Element* src = static_cast<const Element*>(a.q);
@@ -115,11 +129,11 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
       const PackedRow pr = packed_row(r0 + r, group, hk);
       src += b * a.q_stride.batch + pr.token * a.q_stride.row + pr.head * a.q_stride.head + c;
     }
-    cp_async16(smem_q + rows_layout(r, c), src, ok);
+    cp_async16(smem_q + r / 16 * Tr::kBlockElems + block_layout(r % 16, c), src, ok);
   }
   cp_async_fence();
 
-  // K and V of key tile n into ring stage `stage`: 16-row groups (warp g's keys), one kv_row() per group.
+  // K and V of key tile n into ring stage `stage`: 16-row groups, one kv_row() per group.
   auto load_kv = [&](int n, int stage) {
     constexpr int kRowsPerPass = kThreads / kChunks;
     const int c = tidx % kChunks * 8, rr = tidx / kChunks;
@@ -134,7 +148,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
       for (int q = 0; q < 16 / kRowsPerPass; ++q) {
         const int r = q * kRowsPerPass + rr;
         const bool row_ok = j0 + r < sk;
-        const int so = g * Tr::kBlockElems + rows_layout(r, c);
+        const int so = g * Tr::kBlockElems + block_layout(r, c);
         cp_async16(sk_stage + so, row_ok ? k_head + base.k + r * a.k_stride.row + c : k_head, row_ok && c < hdim);
         cp_async16(sv_stage + so, row_ok ? v_head + base.v + r * a.v_stride.row + c : v_head, row_ok && c < hdim_v);
       }
@@ -147,22 +161,22 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   }
 
   typename Tr::TiledMma mma;
-  auto thr_mma = mma.get_thread_slice(lane);
-  Tensor sQ = make_tensor(make_smem_ptr(smem_q), rows_layout);
+  auto thr_mma = mma.get_thread_slice(mma_idx);
+  Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename Tr::SmemLayoutQ{});
   Tensor tSrQ = thr_mma.partition_fragment_A(sQ);
-  Tensor tSrK = thr_mma.partition_fragment_B(sQ);  // a 16 x D block, as each warp's K
+  Tensor tSrK = thr_mma.partition_fragment_B(make_tensor(make_smem_ptr(smem_k), typename Tr::SmemLayoutK{}));
   Tensor tOrVt = thr_mma.partition_fragment_B(
-      make_tensor(make_smem_ptr(smem_v), typename Tr::SmemLayoutRowsTNoSwizzle{}));
-  Tensor acc_o = partition_fragment_C(mma, Shape<_16, Int<kD>>{});
+      make_tensor(make_smem_ptr(smem_v), typename Tr::SmemLayoutVtNoSwizzle{}));
+  Tensor acc_o = partition_fragment_C(mma, Shape<Int<kTileRows>, Int<kD>>{});
   clear(acc_o);
   Tensor acc_o_rc = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));
   auto copy_q = make_tiled_copy_A(typename Tr::SmemCopyAtom{}, mma);
   auto copy_k = make_tiled_copy_B(typename Tr::SmemCopyAtom{}, mma);
   auto copy_v = make_tiled_copy_B(typename Tr::SmemCopyAtomT{}, mma);
-  auto thr_copy_k = copy_k.get_thread_slice(lane);
-  auto thr_copy_v = copy_v.get_thread_slice(lane);
+  auto thr_copy_k = copy_k.get_thread_slice(mma_idx);
+  auto thr_copy_v = copy_v.get_thread_slice(mma_idx);
 
-  Tensor tScS = thr_mma.partition_C(make_identity_tensor(Shape<_16, Int<kWarpN>>{}));
+  Tensor tScS = thr_mma.partition_C(make_identity_tensor(Shape<Int<kTileRows>, Int<kPartN>>{}));
   Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
   constexpr int kRows = decltype(size<0>(acc_rowcol(acc_o.layout())))::value;  // 2 rows per thread
 
@@ -186,9 +200,9 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
       keys.lo[mi] = keys.hi[mi] = 0;
     }
     if constexpr (kHooks) hooks[mi] = TileHook::make(detail::ScoreHook::make(a, seq, b, pr.head));
-    // The sink is one more term of the row's softmax: counted by warp 0 of split 0 only, so the merges count
+    // The sink is one more term of the row's softmax: counted by part 0 of split 0 only, so the merges count
     // it once.
-    if (real && warp == 0 && split == 0) {
+    if (real && part == 0 && split == 0) {
       const OnlineSoftmax<1> one(detail::sink_logit(a, pr.head), score_scale);
       softmax.row_max[mi] = one.row_max[0];
       softmax.row_sum[mi] = one.row_sum[0];
@@ -199,7 +213,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   cp_async_wait<kStages - 1>();
   __syncthreads();
   {
-    auto thr_copy_q = copy_q.get_thread_slice(lane);
+    auto thr_copy_q = copy_q.get_thread_slice(mma_idx);
     Tensor tSsQ = thr_copy_q.partition_S(sQ);
     Tensor tSrQ_v = thr_copy_q.retile_D(tSrQ);
     copy(copy_q, tSsQ, tSrQ_v);
@@ -212,13 +226,13 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     if (it + kStages - 1 < it_end) load_kv(it + kStages - 1, (it + kStages - 1 - it_begin) % kStages);
     cp_async_fence();
 
-    const int n0 = it * kBlockN, nw = n0 + warp * kWarpN;
-    Tensor sK = make_tensor(make_smem_ptr(smem_k + stage * Tr::kStageElems + warp * Tr::kBlockElems), rows_layout);
-    Tensor sVt = make_tensor(make_smem_ptr(smem_v + stage * Tr::kStageElems + warp * Tr::kBlockElems),
-                             typename Tr::SmemLayoutRowsT{});
-    Tensor acc_s = partition_fragment_C(mma, Shape<_16, Int<kWarpN>>{});
+    const int n0 = it * kBlockN, nw = n0 + part * kPartN;
+    const int at = stage * Tr::kStageElems + part * kPartN * kD;
+    Tensor sK = make_tensor(make_smem_ptr(smem_k + at), typename Tr::SmemLayoutK{});
+    Tensor sVt = make_tensor(make_smem_ptr(smem_v + at), typename Tr::SmemLayoutVt{});
+    Tensor acc_s = partition_fragment_C(mma, Shape<Int<kTileRows>, Int<kPartN>>{});
     clear(acc_s);
-    gemm_rs(acc_s, tSrQ, tSrK, thr_copy_k.partition_S(sK), mma, copy_k, lane);
+    gemm_rs(acc_s, tSrQ, tSrK, thr_copy_k.partition_S(sK), mma, copy_k, mma_idx);
     Tensor s_rc = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
     if constexpr (kHooks) {
       CUTE_UNROLL
@@ -240,34 +254,36 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     softmax.template update<false>(s_rc, acc_o_rc, mult);
     Tensor rP = convert_to<Element>(acc_s);
     Tensor tOrP = make_tensor(rP.data(), acc_as_a(rP.layout()));
-    gemm_rs(acc_o, tOrP, tOrVt, thr_copy_v.partition_S(sVt), mma, copy_v, lane);
+    gemm_rs(acc_o, tOrP, tOrVt, thr_copy_v.partition_S(sVt), mma, copy_v, mma_idx);
   }
 
-  // Epilogue: each warp's normalised O and LSE through shared memory (the ring is free after the waits), merged
-  // over the four warps; written to out / lse, or as this split's part to the workspace.
+  // Epilogue: each part's normalised O and LSE through shared memory (the ring is free after the waits), merged
+  // over the parts; written to out / lse, or as this split's part to the workspace.
   cp_async_wait<0>();
   __syncthreads();
   float lse[kRows];
   softmax.finalize(acc_o_rc, score_scale, lse);
-  float* so = reinterpret_cast<float*>(smem_k);  // [warps][16][kD]
-  float* sl = so + Tr::kWarps * 16 * kD;         // [warps][16]
-  Tensor tOcO = thr_mma.partition_C(make_identity_tensor(Shape<_16, Int<kD>>{}));
+  constexpr int kParts = Tr::kParts;
+  float* so = reinterpret_cast<float*>(smem_k);  // [parts][rows][kD]
+  float* sl = so + kParts * kTileRows * kD;      // [parts][rows]
+  Tensor tOcO = thr_mma.partition_C(make_identity_tensor(Shape<Int<kTileRows>, Int<kD>>{}));
   Tensor tOcO_rc = make_tensor(tOcO.data(), acc_rowcol(tOcO.layout()));
   CUTE_UNROLL
   for (int mi = 0; mi < kRows; ++mi) {
     const int r = get<0>(tOcO_rc(mi, 0));
     CUTE_UNROLL
-    for (int di = 0; di < size<1>(acc_o_rc); ++di) so[(warp * 16 + r) * kD + get<1>(tOcO_rc(mi, di))] = acc_o_rc(mi, di);
-    if (lane % 4 == 0) sl[warp * 16 + r] = lse[mi];
+    for (int di = 0; di < size<1>(acc_o_rc); ++di)
+      so[(part * kTileRows + r) * kD + get<1>(tOcO_rc(mi, di))] = acc_o_rc(mi, di);
+    if (tidx % 4 == 0) sl[part * kTileRows + r] = lse[mi];
   }
   __syncthreads();
   const std::int64_t part_rows = a.batch * a.heads_q * a.seqlen_q;
   for (int i = tidx; i < nrows * hdim_v; i += kThreads) {
     const int r = i / hdim_v, c = i % hdim_v;
-    const float l = merged_lse([&](int w) { return sl[w * 16 + r]; }, Tr::kWarps);
+    const float l = merged_lse([&](int w) { return sl[w * kTileRows + r]; }, kParts);
     float o = 0.f;
     CUTE_UNROLL
-    for (int w = 0; w < Tr::kWarps; ++w) o += part_weight(sl[w * 16 + r], l) * so[(w * 16 + r) * kD + c];
+    for (int w = 0; w < kParts; ++w) o += part_weight(sl[w * kTileRows + r], l) * so[(w * kTileRows + r) * kD + c];
     const PackedRow pr = packed_row(r0 + r, group, hk);
     if (p.splits == 1) {
       out[b * a.out_stride.batch + pr.token * a.out_stride.row + pr.head * a.out_stride.head + c] = Element(o);

@@ -10,9 +10,15 @@
 
 namespace flashtile::cuda::decode {
 
-// Packed query rows per CTA (one m16 MMA) and keys per pipeline stage (four warps of 16 keys each).
+// Packed query rows per CTA: 16 (one m16 MMA row block; the four warps split each key tile) while the G · Sq
+// rows of a KV head fit, else 64 (the four warps split the rows, as the forward kernel's do), so that
+// speculative decoding (Sq = 16, G = 4) still reads each K and V row once. Keys per pipeline stage: 64.
 inline constexpr int kRowsPerTile = 16;
+inline constexpr int kRowsPerTileTall = 64;
 inline constexpr int kBlockN = 64;
+constexpr int rows_per_tile(std::int64_t packed_rows) {
+  return packed_rows > kRowsPerTile ? kRowsPerTileTall : kRowsPerTile;
+}
 inline constexpr int kThreads = 128;
 // Head-dim buckets with a decode kernel (scripts/generate_cuda_instances.py DECODE_HDIMS).
 inline constexpr int kDecodeBuckets[] = {64, 128};
@@ -26,8 +32,8 @@ constexpr int decode_bucket(std::int64_t d) {
 }
 // Ring stages of K and V (decode/kernel.h Traits, which asserts the shared-memory size against this).
 constexpr int decode_stages(int bucket) { return bucket <= 64 ? 4 : 3; }
-constexpr int decode_smem_bytes(int bucket) {
-  return (kRowsPerTile * bucket + 2 * decode_stages(bucket) * kBlockN * bucket) * 2;
+constexpr int decode_smem_bytes(int bucket, int rows) {
+  return (rows * bucket + 2 * decode_stages(bucket) * kBlockN * bucket) * 2;
 }
 
 // The device-side index check's verdict, in the workspace's first bytes. The host sets every byte to 0xff
@@ -57,7 +63,8 @@ struct DecodeParams : FwdParams {
   float* o_part = nullptr;    // workspace, splits > 1: [splits, B, Hq, Sq, Dv] fp32, normalised per split
   float* lse_part = nullptr;  // workspace, splits > 1: [splits, B, Hq, Sq] fp32 (natural log)
   int splits = 1;
-  int row_tiles = 1;          // ceil(G · Sq / kRowsPerTile) per KV head
+  int rows_per_tile = kRowsPerTile;  // rows_per_tile(G · Sq)
+  int row_tiles = 1;          // ceil(G · Sq / rows_per_tile) per KV head
   std::int64_t num_slots = 0; // pages (paged) or cache slots (contiguous); 0 = unknown to the host (not checked)
   bool nan_on_bad = false;    // stream capturing: a bad status leaves NaN in out / lse (no host read-back)
 };
