@@ -144,15 +144,24 @@ def bench_cell(ft, hdim, seqlen, causal, reps, deterministic=False, tokens=16384
     res["kernel_bwd"] = ft.backward(q, k, v, out, dout, lse, dq, dk, dv, causal=causal).split("\n")[0]
     t = time_ms(lambda: ft.backward(q, k, v, out, dout, lse, dq, dk, dv, causal=causal), reps)
     res["flashtile_bwd_ms"] = t
-    # cuda-sm90 (Hopper; forward only so far): the same call by name, when it can run here.
+    # cuda-sm90 (Hopper): the same call by name, when it can run here.
     try:
         res["kernel_sm90_fwd"] = ft.forward(q, k, v, out, lse, causal=causal, backend="cuda-sm90").split("\n")[0]
         res["sm90_fwd_ms"] = time_ms(lambda: ft.forward(q, k, v, out, lse, causal=causal, backend="cuda-sm90"), reps)
     except RuntimeError as e:
         res["sm90_error"] = str(e).split("\n")[0][:200]
-    if deterministic:  # the cost of Options::deterministic (dQ added in key-block order)
+    try:
+        bwd90 = lambda: ft.backward(q, k, v, out, dout, lse, dq, dk, dv, causal=causal, backend="cuda-sm90")
+        res["kernel_sm90_bwd"] = bwd90().split("\n")[0]
+        res["sm90_bwd_ms"] = time_ms(bwd90, reps)
+    except RuntimeError as e:
+        res["sm90_bwd_error"] = str(e).split("\n")[0][:200]
+    if deterministic:  # the cost of Options::deterministic (dQ added in key-block order), on both backends
         res["flashtile_det_bwd_ms"] = time_ms(
             lambda: ft.backward(q, k, v, out, dout, lse, dq, dk, dv, causal=causal, deterministic=True), reps)
+        if "sm90_bwd_ms" in res:
+            res["sm90_det_bwd_ms"] = time_ms(lambda: ft.backward(q, k, v, out, dout, lse, dq, dk, dv, causal=causal,
+                                                                 deterministic=True, backend="cuda-sm90"), reps)
     # Peers on the same data, torch layout (B, H, S, D) as views.
     qt, kt, vt, dot = (x.transpose(1, 2) for x in (q, k, v, dout))
     for name, backend in PEERS.items():
@@ -200,6 +209,18 @@ def markdown(meta, rows):
                 cells.append(f"{p:.0f}" if p else "n/a")
                 ratios.append(f"{ft / p:.2f}" if (p and ft) else "n/a")
             lines.append("| " + " | ".join(cells + ratios) + " |")
+        lines.append("")
+    if any("flashtile_det_bwd_tflops" in r for r in rows):  # --deterministic: the cost of ordered dQ sums
+        lines += ["## Deterministic backward (dQ added in key-block order)", "",
+                  "| hdim | seqlen | causal | cuda-sm80 TF/s | ÷ its default | cuda-sm90 TF/s | ÷ its default |",
+                  "|---:|---:|:---:|---:|---:|---:|---:|"]
+        for r in rows:
+            cells = [str(r["hdim"]), str(r["seqlen"]), "yes" if r["causal"] else "no"]
+            for det, base in (("flashtile_det_bwd_tflops", "flashtile_bwd_tflops"),
+                              ("sm90_det_bwd_tflops", "sm90_bwd_tflops")):
+                d, b = r.get(det), r.get(base)
+                cells += [f"{d:.0f}" if d else "n/a", f"{d / b:.2f}" if (d and b) else "n/a"]
+            lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
 

@@ -133,12 +133,12 @@ if has_step sanitize; then
     timeout 180 compute-sanitizer --tool racecheck --error-exitcode 3 "$TESTBIN" \
       --gtest_filter='Small/*q17_k65*:Small/*q130_k130*d64*' --gtest_brief=1 >> "$OUT/sanitizer.log" 2>&1
     note "RACECHECK: rc=$? $(grep 'RACECHECK SUMMARY\|ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1) ($(( $(date +%s) - t0 )) s)"
-    # cuda-sm90's forward (its backward calls run cuda-sm80's kernels, checked above)
+    # cuda-sm90, forward and backward
     FT_GPU_BACKEND=cuda-sm90 timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 "$TESTBIN" \
-      --gtest_filter='Small/GpuForward*:GpuDispatch.*:Variants/*_d64*' --gtest_brief=1 > "$OUT/sanitizer-sm90.log" 2>&1
+      --gtest_filter='Small/*:GpuDispatch.*:Variants/*_d64*' --gtest_brief=1 > "$OUT/sanitizer-sm90.log" 2>&1
     note "MEMCHECK cuda-sm90: rc=$? $(grep -m1 'ERROR SUMMARY' "$OUT/sanitizer-sm90.log") $(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$OUT/sanitizer-sm90.log" | tr '\n' ' ')"
     FT_GPU_BACKEND=cuda-sm90 timeout 180 compute-sanitizer --tool racecheck --error-exitcode 3 "$TESTBIN" \
-      --gtest_filter='Small/GpuForward*q17_k65*:Small/GpuForward*q130_k130*d64*' --gtest_brief=1 >> "$OUT/sanitizer-sm90.log" 2>&1
+      --gtest_filter='Small/*q17_k65*:Small/*q130_k130*d64*' --gtest_brief=1 >> "$OUT/sanitizer-sm90.log" 2>&1
     note "RACECHECK cuda-sm90: rc=$? $(grep 'RACECHECK SUMMARY\|ERROR SUMMARY' "$OUT/sanitizer-sm90.log" | tail -1)"
   else
     note "SANITIZER: compute-sanitizer not found"

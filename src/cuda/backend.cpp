@@ -24,6 +24,7 @@ namespace {
 
 using cuda::Elem;
 using cuda::Kind;
+using BwdPlan = cuda::BwdWorkspacePlan;
 namespace sm80 = cuda::sm80;
 
 constexpr const char* kName = "cuda-sm80";
@@ -130,24 +131,8 @@ class CudaSm80 final : public Backend {
     cuda::BwdParams b;
     cuda::fill_params(p, b);
     b.large_smem = plan.large_smem;
-    b.seqlen_q_pad = plan.seqlen_q_pad;
-    b.block_m = plan.block_m;
-    b.hdim_pad = bucket;
-    b.ws_batch = plan.ws_batch;
-    b.ws_head = plan.ws_head;
-    b.ws_slots = plan.slots;
     cuda::Workspace ws(p, plan.bytes, stream, kName);
-    char* base = ws.data();
-    const std::size_t row_bytes = plan.bytes_row;
-    b.dq_accum = reinterpret_cast<float*>(base);
-    b.dsum = reinterpret_cast<float*>(base + plan.bytes_dq);
-    b.lse_log2 = reinterpret_cast<float*>(base + plan.bytes_dq + row_bytes);
-    std::size_t at = plan.bytes_dq + 2 * row_bytes;
-    if (p.sinks != nullptr) {
-      b.sink_terms = reinterpret_cast<float*>(base + at);
-      at += row_bytes;
-    }
-    b.dq_semaphore = p.deterministic ? reinterpret_cast<int*>(base + at) : nullptr;
+    cuda::place_bwd_workspace(p, plan, bucket, ws.data(), b);
     check(cuda::launch_bwd(e, bucket, kind, b, stream), "backward kernel launch");
     ws.release();
   }
@@ -158,39 +143,11 @@ class CudaSm80 final : public Backend {
   }
 
  private:
-  // The backward's workspace (common/params.h, BwdParams): dq_accum [slots, bucket] fp32, dsum and lse_log2
-  // [slots], sink_terms [slots] with sinks, and with deterministic one counter per block of slots; each part
-  // 256-byte aligned. Slots: batch mode [B, Hq, Sq_pad]; varlen [Hq, (total_q + block_m * B) rounded down to
-  // block_m], each sequence at its block-aligned start (ws_row0).
-  struct BwdPlan {
-    bool large_smem = false;
-    int seqlen_q_pad = 0, block_m = 0;
-    std::int64_t ws_batch = 0, ws_head = 0, slots = 0;
-    std::size_t bytes_dq = 0, bytes_row = 0, bytes = 0;
-  };
   BwdPlan plan_bwd(const AttnParams& p) const {
     const int bucket = bucket_of(p);
-    BwdPlan w;
-    w.large_smem = large_bwd(p, bucket);
-    const sm80::BwdTile t = sm80::bwd_tile(bucket, w.large_smem);
-    w.block_m = t.block_m;
-    w.seqlen_q_pad = static_cast<int>((p.seqlen_q + t.block_m - 1) / t.block_m * t.block_m);
-    if (p.is_varlen()) {
-      w.ws_head = cuda::varlen_ws_rows(p.total_q, p.batch, t.block_m);
-      w.ws_batch = 0;
-      w.slots = w.ws_head * p.heads_q;
-    } else {
-      w.ws_head = w.seqlen_q_pad;
-      w.ws_batch = w.ws_head * p.heads_q;
-      w.slots = w.ws_batch * p.batch;
-    }
-    const auto slots = static_cast<std::size_t>(w.slots);
-    auto round = [](std::size_t x) { return (x + 255) / 256 * 256; };
-    w.bytes_dq = round(slots * static_cast<std::size_t>(bucket) * 4);
-    w.bytes_row = round(slots * 4);
-    const std::size_t rows = p.sinks != nullptr ? 3 : 2;
-    const std::size_t bytes_sem = p.deterministic ? round(slots / static_cast<std::size_t>(t.block_m) * 4) : 0;
-    w.bytes = w.bytes_dq + rows * w.bytes_row + bytes_sem;
+    const bool large = large_bwd(p, bucket);
+    BwdPlan w = cuda::plan_bwd_workspace(p, sm80::bwd_tile(bucket, large).block_m, bucket);
+    w.large_smem = large;
     return w;
   }
   // The backward's large-shared-memory tile applies when the device can give a block that much.

@@ -1,7 +1,7 @@
-// The CUDA backend "cuda-sm90": the Hopper forward (warp-specialised TMA producer, wgmma consumer
+// The CUDA backend "cuda-sm90": the Hopper forward and backward (warp-specialised TMA producer, wgmma consumer
 // warpgroups; src/cuda/sm90/) for GPUs of compute capability 9.0 (H100, H200). Registered before cuda-sm80,
-// so auto picks it where it can run; what it refuses (the backward, strides TMA cannot take, an unbuilt
-// kernel) runs on cuda-sm80 with the reason in the dispatch report.
+// so auto picks it where it can run; what it refuses (a backward head dim outside 64 and 128, strides TMA
+// cannot take, an unbuilt kernel, the KV cache) runs on cuda-sm80 with the reason in the dispatch report.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -57,8 +57,15 @@ class CudaSm90 final : public Backend {
     if (gpu->major != 9 || gpu->minor != 0)
       why.push_back("compute capability " + std::to_string(gpu->major) + "." + std::to_string(gpu->minor) + " of " +
                     gpu->name + " is not 9.0 (the kernels are sm_90a code: wgmma, setmaxnreg, TMA)");
-    if (p.is_backward())
-      why.push_back(std::string("backward: ") + kName + " has no backward kernel yet (cuda-sm80 runs it)");
+    if (p.is_backward()) {
+      const int b = bucket_of(p);
+      if (b != 64 && b != 128)
+        why.push_back("backward: head-dim bucket " + std::to_string(b) + " is not in " + kName +
+                      "'s backward yet (64 and 128)");
+      else if (p.dtype != DType::float32 && !cuda::sm90_bwd_kernel_built(cuda::elem_of(p.dtype), b))
+        why.push_back(std::string("backward kernel not built in this build: ") +
+                      cuda::elem_name(cuda::elem_of(p.dtype)) + " hdim " + std::to_string(b));
+    }
     check_tma_strides(p, why);
     const std::int64_t dmax = std::max(p.hdim, p.hdim_v);
     const int bucket = dmax <= 256 ? bucket_of(p) : 0;
@@ -69,7 +76,7 @@ class CudaSm90 final : public Backend {
                       " hdim " + std::to_string(bucket) + " (cuda-sm90 built: " + (*built ? built : "none") +
                       "; FLASHTILE_CUDA_SM90 and FLASHTILE_CUDA_KERNELS choose)");
       }
-      if (sm90::fwd_smem_bytes(bucket) > gpu->smem_optin)
+      if (!p.is_backward() && sm90::fwd_smem_bytes(bucket) > gpu->smem_optin)
         why.push_back("shared memory: the hdim " + std::to_string(bucket) + " kernel needs " +
                       std::to_string(sm90::fwd_smem_bytes(bucket)) + " bytes per block, " + gpu->name + " allows " +
                       std::to_string(gpu->smem_optin));
@@ -81,21 +88,31 @@ class CudaSm90 final : public Backend {
     const int bucket = bucket_of(p);
     const Elem e = cuda::elem_of(p.dtype);
     const Kind kind = cuda::kind_of(p);
-    const sm90::FwdTile t = sm90::fwd_tile(bucket);
     KernelInfo k;
     k.backend = kName;
-    k.kernel = std::string("sm90_fwd_") + cuda::elem_name(e) + "_hdim" + std::to_string(bucket) + "_" +
-               cuda::kind_name(kind);
+    k.kernel = std::string(p.is_backward() ? "sm90_bwd_" : "sm90_fwd_") + cuda::elem_name(e) + "_hdim" +
+               std::to_string(bucket) + "_" + cuda::kind_name(kind);
     k.isa = "sm_90a wgmma + TMA";
-    k.block_q = t.block_m;
-    k.block_k = t.block_n;
-    k.threads = (t.block_m / 64 + 1) * 128;
     std::ostringstream d;
-    d << "hdim_bucket=" << bucket << " warpgroups=1 producer (TMA) + " << t.block_m / 64
-      << " consumers (wgmma, 64 rows each) registers=24/240 stages=" << t.stages
-      << " (K and V rings, mbarrier pipeline) scheduler=one tile per CTA, longest first smem<="
-      << sm90::fwd_smem_bytes(bucket) << "B variant=" << cuda::kind_name(kind) << " (tiles: "
-      << (kind == Kind::plain ? "every key tile" : "key_tiles of the mask policy") << ") dtype=" << dtype_name(p.dtype)
+    if (!p.is_backward()) {
+      const sm90::FwdTile t = sm90::fwd_tile(bucket);
+      k.block_q = t.block_m;
+      k.block_k = t.block_n;
+      k.threads = (t.block_m / 64 + 1) * 128;
+      d << "hdim_bucket=" << bucket << " warpgroups=1 producer (TMA) + " << t.block_m / 64
+        << " consumers (wgmma, 64 rows each) registers=24/240 stages=" << t.stages
+        << " (K and V rings, mbarrier pipeline) scheduler=one tile per CTA, longest first smem<="
+        << sm90::fwd_smem_bytes(bucket) << "B";
+    } else {
+      k.block_q = 64;
+      k.block_k = 128;
+      k.threads = 384;
+      d << "hdim_bucket=" << bucket << " warpgroups=1 producer (TMA: K, V once; Q, dO per step) + 2 consumers "
+        << "(64 keys each; S^T, dP^T, dV, dK, dQ on wgmma) registers=24/240 stages=2 dq=fp32 reductions"
+        << (p.deterministic ? " in key-block order (deterministic)" : "");
+    }
+    d << " variant=" << cuda::kind_name(kind) << " (tiles: "
+      << (kind == Kind::plain ? "every key tile" : "the mask policy's") << ") dtype=" << dtype_name(p.dtype)
       << " accumulate=float32";
     k.detail = d.str();
     return k;
@@ -104,11 +121,32 @@ class CudaSm90 final : public Backend {
   void run(const AttnParams& p) const override {
     cuda::DeviceGuard guard(p.device_index, kName);
     (void)cudaGetLastError();  // a stale error of an earlier, unrelated launch is not ours to report
-    cuda::FwdParams f;
-    cuda::fill_params(p, f);
-    cuda::check(cuda::launch_fwd_sm90(cuda::elem_of(p.dtype), bucket_of(p), cuda::kind_of(p), f,
-                                      static_cast<cudaStream_t>(p.cuda_stream)),
-                kName, "forward kernel launch");
+    cudaStream_t stream = static_cast<cudaStream_t>(p.cuda_stream);
+    if (!p.is_backward()) {
+      cuda::FwdParams f;
+      cuda::fill_params(p, f);
+      cuda::check(cuda::launch_fwd_sm90(cuda::elem_of(p.dtype), bucket_of(p), cuda::kind_of(p), f, stream), kName,
+                  "forward kernel launch");
+      return;
+    }
+    const cuda::BwdWorkspacePlan plan = plan_bwd(p);
+    cuda::BwdParams b;
+    cuda::fill_params(p, b);
+    cuda::Workspace ws(p, plan.bytes, stream, kName);
+    cuda::place_bwd_workspace(p, plan, bucket_of(p), ws.data(), b);
+    cuda::check(cuda::launch_bwd_sm90(cuda::elem_of(p.dtype), bucket_of(p), cuda::kind_of(p), b, stream), kName,
+                "backward kernel launch");
+    ws.release();
+  }
+
+  std::size_t workspace_bytes(const AttnParams& p) const override {
+    return p.is_backward() ? plan_bwd(p).bytes : 0;
+  }
+
+ private:
+  static constexpr int kBwdBlockM = 64;  // sm90/bwd_kernel.h BwdTraits::kBlockM
+  static cuda::BwdWorkspacePlan plan_bwd(const AttnParams& p) {
+    return cuda::plan_bwd_workspace(p, kBwdBlockM, bucket_of(p));
   }
 };
 

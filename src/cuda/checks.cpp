@@ -120,6 +120,49 @@ const Gpu* check_common(const AttnParams& p, const char* backend, Reasons& why) 
   return gpu;
 }
 
+BwdWorkspacePlan plan_bwd_workspace(const AttnParams& p, int block_m, int hdim_bucket) {
+  BwdWorkspacePlan w;
+  w.block_m = block_m;
+  w.seqlen_q_pad = static_cast<int>((p.seqlen_q + block_m - 1) / block_m * block_m);
+  if (p.is_varlen()) {
+    w.ws_head = varlen_ws_rows(p.total_q, p.batch, block_m);
+    w.ws_batch = 0;
+    w.slots = w.ws_head * p.heads_q;
+  } else {
+    w.ws_head = w.seqlen_q_pad;
+    w.ws_batch = w.ws_head * p.heads_q;
+    w.slots = w.ws_batch * p.batch;
+  }
+  const auto slots = static_cast<std::size_t>(w.slots);
+  auto round = [](std::size_t x) { return (x + 255) / 256 * 256; };
+  w.bytes_dq = round(slots * static_cast<std::size_t>(hdim_bucket) * 4);
+  w.bytes_row = round(slots * 4);
+  const std::size_t rows = p.sinks != nullptr ? 3 : 2;
+  const std::size_t bytes_sem = p.deterministic ? round(slots / static_cast<std::size_t>(block_m) * 4) : 0;
+  w.bytes = w.bytes_dq + rows * w.bytes_row + bytes_sem;
+  return w;
+}
+
+void place_bwd_workspace(const AttnParams& p, const BwdWorkspacePlan& plan, int hdim_bucket, char* base,
+                         BwdParams& b) {
+  b.seqlen_q_pad = plan.seqlen_q_pad;
+  b.block_m = plan.block_m;
+  b.hdim_pad = hdim_bucket;
+  b.ws_batch = plan.ws_batch;
+  b.ws_head = plan.ws_head;
+  b.ws_slots = plan.slots;
+  const std::size_t row_bytes = plan.bytes_row;
+  b.dq_accum = reinterpret_cast<float*>(base);
+  b.dsum = reinterpret_cast<float*>(base + plan.bytes_dq);
+  b.lse_log2 = reinterpret_cast<float*>(base + plan.bytes_dq + row_bytes);
+  std::size_t at = plan.bytes_dq + 2 * row_bytes;
+  if (p.sinks != nullptr) {
+    b.sink_terms = reinterpret_cast<float*>(base + at);
+    at += row_bytes;
+  }
+  b.dq_semaphore = p.deterministic ? reinterpret_cast<int*>(base + at) : nullptr;
+}
+
 void fill_params(const AttnParams& p, FwdParams& f) {
   f.a = p;
   if (f.a.causal) f.a.window_right = 0;

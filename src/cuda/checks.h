@@ -13,6 +13,21 @@ namespace flashtile::cuda {
 // tensors are not on a CUDA device, or it does not exist), after which nothing else was checked.
 const Gpu* check_common(const detail::AttnParams& p, const char* backend, detail::Reasons& why);
 
+// The backward's workspace (common/params.h, BwdParams): dq_accum [slots, bucket] fp32, dsum and lse_log2
+// [slots], sink_terms [slots] with sinks, and with deterministic one counter per block of slots; each part
+// 256-byte aligned. Slots: batch mode [B, Hq, Sq_pad]; varlen [Hq, (total_q + block_m * B) rounded down to
+// block_m], each sequence at its block-aligned start (ws_row0). Both CUDA backends use it with their block_m.
+struct BwdWorkspacePlan {
+  bool large_smem = false;  // cuda-sm80's choice of tile (set by it)
+  int seqlen_q_pad = 0, block_m = 0;
+  std::int64_t ws_batch = 0, ws_head = 0, slots = 0;
+  std::size_t bytes_dq = 0, bytes_row = 0, bytes = 0;
+};
+BwdWorkspacePlan plan_bwd_workspace(const detail::AttnParams& p, int block_m, int hdim_bucket);
+// Points b's workspace fields into `base` (plan.bytes large) and sets its slot layout.
+void place_bwd_workspace(const detail::AttnParams& p, const BwdWorkspacePlan& plan, int hdim_bucket, char* base,
+                         BwdParams& b);
+
 // The kernels' parameters from the call's: AttnParams whole, plus the folded constants. The one normalisation:
 // causal is window right = 0 (with any left), which validation already writes; repeated here so that the masked
 // kernels never depend on it.

@@ -114,6 +114,29 @@ cudaError_t launch_fwd_sm90(Elem dtype, int hdim_bucket, Kind kind, const FwdPar
 
 #define FT_X_BUILT(dt, d) \
   if (dtype == Elem::dt && hdim_bucket == d) return true;
+bool sm90_bwd_kernel_built(Elem dtype, int hdim_bucket) {
+  FT_CUDA_SM90_BWD_INSTANCES(FT_X_BUILT)
+  return false;
+}
+#undef FT_X_BUILT
+
+#define FT_X_BWD(dt, d)                                                         \
+  if (dtype == Elem::dt && hdim_bucket == d) {                                  \
+    using T = ElementOf<Elem::dt>::type;                                        \
+    switch (kind) {                                                             \
+      case Kind::plain: return sm90::run_bwd<T, d, Plain>(p, stream);           \
+      case Kind::masked: return sm90::run_bwd<T, d, Masked>(p, stream);         \
+      case Kind::hooks: return sm90::run_bwd<T, d, Hooks>(p, stream);           \
+    }                                                                           \
+  }
+cudaError_t launch_bwd_sm90(Elem dtype, int hdim_bucket, Kind kind, const BwdParams& p, cudaStream_t stream) {
+  FT_CUDA_SM90_BWD_INSTANCES(FT_X_BWD)
+  return cudaErrorNotSupported;
+}
+#undef FT_X_BWD
+
+#define FT_X_BUILT(dt, d) \
+  if (dtype == Elem::dt && hdim_bucket == d) return true;
 bool decode_built(Elem dtype, int hdim_bucket) {
   FT_CUDA_DECODE_INSTANCES(FT_X_BUILT)
   return false;

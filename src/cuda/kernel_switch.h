@@ -33,6 +33,8 @@ cudaError_t launch_bwd(Elem dtype, int hdim_bucket, Kind kind, const BwdParams& 
 bool sm90_kernel_built(Elem dtype, int hdim_bucket);
 const char* sm90_built_kernels();
 cudaError_t launch_fwd_sm90(Elem dtype, int hdim_bucket, Kind kind, const FwdParams& p, cudaStream_t stream);
+bool sm90_bwd_kernel_built(Elem dtype, int hdim_bucket);
+cudaError_t launch_bwd_sm90(Elem dtype, int hdim_bucket, Kind kind, const BwdParams& p, cudaStream_t stream);
 
 // cuda-sm80's KV-cache path (src/cuda/decode/): whether this build has the decode kernels of (dtype, bucket), and
 // the call: status reset, device-side index check, append, decode, and the combine when p.splits > 1.

@@ -101,11 +101,6 @@ inline std::string gpu_backend() {
   const char* e = std::getenv("FT_GPU_BACKEND");
   return e != nullptr && *e != '\0' ? e : "cuda-sm80";
 }
-// The backend a backward under test runs on: cuda-sm90 has no backward kernel yet, so cuda-sm80 runs it.
-inline std::string gpu_backend_bwd() {
-  const std::string b = gpu_backend();
-  return b == "cuda-sm90" ? "cuda-sm80" : b;
-}
 
 // Options for the CUDA backend under test, strict so a refusal is an error, not a silent CPU fallback.
 inline flashtile::Options cuda_options(const ft_test::Case& c, bool deterministic = false) {
@@ -117,29 +112,35 @@ inline flashtile::Options cuda_options(const ft_test::Case& c, bool deterministi
   return o;
 }
 
-// The same for a backward call.
+// The same for a backward call (both CUDA backends run both directions).
 inline flashtile::Options cuda_options_bwd(const ft_test::Case& c, bool deterministic = false) {
-  flashtile::Options o = cuda_options(c, deterministic);
-  o.backend = gpu_backend_bwd();
-  return o;
+  return cuda_options(c, deterministic);
+}
+
+// Empty when the backward (deterministic or not) would run on the backend under test; else the refusal text.
+inline std::string refusal_bwd(const DevProblem& d, const ft_test::Case& c, bool deterministic = false) {
+  try {
+    const auto rb = flashtile::explain_backward(d.q.view(), d.k.view(), d.v.view(), d.out.view(), d.dout.view(),
+                                                d.lse.view(), d.dq.view(), d.dk.view(), d.dv.view(),
+                                                cuda_options_bwd(c, deterministic));
+    return rb.ran.backend == gpu_backend() ? std::string() : rb.to_string();
+  } catch (const flashtile::Error& e) {
+    return e.what();
+  }
 }
 
 // Empty when the CUDA backend would run this problem; else the refusal text (e.g. a kernel this subset
-// build did not compile).
-// Both directions are asked: a subset build may hold a call's forward kernel and not its backward one (the
+// build did not compile). Both directions are asked: a subset build may hold a call's forward kernel and not its backward one (the
 // backends' head-dim buckets differ: d = 8 is sm90's bucket 64 and sm80's bucket 32).
 inline std::string refusal(const DevProblem& d, const ft_test::Case& c) {
   try {
     const auto r =
         flashtile::explain_forward(d.q.view(), d.k.view(), d.v.view(), d.out.view(), d.lse.view(), cuda_options(c));
     if (r.ran.backend != gpu_backend()) return r.to_string();
-    const auto rb = flashtile::explain_backward(d.q.view(), d.k.view(), d.v.view(), d.out.view(), d.dout.view(),
-                                                d.lse.view(), d.dq.view(), d.dk.view(), d.dv.view(),
-                                                cuda_options_bwd(c));
-    return rb.ran.backend == gpu_backend_bwd() ? std::string() : rb.to_string();
   } catch (const flashtile::Error& e) {
     return e.what();
   }
+  return refusal_bwd(d, c);
 }
 
 }  // namespace ft_gpu

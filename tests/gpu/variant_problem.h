@@ -387,7 +387,7 @@ struct Call {
   flashtile::DispatchReport backward(bool deterministic) {
     flashtile::Options ob = o;
     ob.deterministic = deterministic;
-    if (ob.backend == "cuda-sm90") ob.backend = "cuda-sm80";  // no sm90 backward kernel yet
+    if (ob.backend == "cuda-sm90" && deterministic) ob.backend = "cuda-sm80";  // sm90: no ordered dQ yet
     return flashtile::backward(q->view(), k->view(), v->view(), out->view(), dout->view(), lse->view(), dq->view(),
                                dk->view(), dv->view(), ob);
   }

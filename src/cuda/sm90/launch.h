@@ -18,4 +18,9 @@ namespace flashtile::cuda::sm90 {
 template <class Element, int kHeadDim, class V>
 cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream);
 
+// The backward (head-dim buckets that are multiples of 64, not deterministic): p's workspace as cuda-sm80's with
+// block_m = 64 (BwdTraits::kBlockM).
+template <class Element, int kHeadDim, class V>
+cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream);
+
 }  // namespace flashtile::cuda::sm90

@@ -1,0 +1,405 @@
+// Backward kernel of the sm90 path (Hopper, sm_90a): warp-specialised, TMA-fed, the five products on wgmma.
+//
+// One CTA per (key block of 128 keys, KV head, sequence); it walks the query heads of its group and, for each, the
+// query blocks (64 rows) the mask policy pairs with its keys (query_tiles). Warpgroup 0 (producer, 24 registers)
+// loads K and V once and Q_j, dO_j (TMA) with their rows of lse_log2 and dsum (bulk copies) per step into a
+// 2-stage ring (one mbarrier pipeline). Warpgroups 1 and 2 (240 registers) own 64 keys each; per step, with keys
+// as the rows of every accumulator (FlashAttention-3's "swapped" S and dP):
+//   S^T = K Q^T, dP^T = V dO^T            (wgmma, both operands in shared memory, issued together)
+//   P^T = exp2(S^T scale log2e - lse_log2) while dP^T's product runs; dV += P^T dO issued, then
+//   dS^T = P^T (dP^T - dsum) while dV's product runs; dK += dS^T Q  (P^T, dS^T from registers, dO, Q MN-major)
+//   dS^T to shared memory (stmatrix, two buffers: one barrier per step); both warpgroups: dQ_j = dS K (each one
+//   half of the head dim), added to the fp32 workspace with 16-byte reductions in the thread order dq_convert
+//   reads back; deterministic mode adds in key-block order (a turn counter per query block).
+// dK = softmax_scale * sum dS^T Q and dV are written once at the end (rows below the sequence's keys).
+#pragma once
+
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+
+#include "common/mask.h"
+#include "common/params.h"
+#include "sm90/fwd_kernel.h"  // acc_rowcol, acc_as_a, wg_gemm
+#include "sm90/traits.h"
+
+namespace flashtile::cuda::sm90 {
+
+template <class Element_, int kHeadDim_>
+struct BwdTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = 64;   // query rows per step
+  static constexpr int kBlockN = 128;  // keys per CTA (64 per consumer warpgroup)
+  static constexpr int kStages = 2;
+  static constexpr int kMmaThreads = 256;
+  static constexpr int kThreads = kMmaThreads + 128;
+  static_assert(kHeadDim % 64 == 0, "first cut: head dims that are multiples of 64");
+
+  using AtomRows = Layout<Shape<_2, _1, _1>>;  // the two consumers split the keys (accumulator rows)
+  // S^T = K Q^T and dP^T = V dO^T: (keys, queries, hdim).
+  using TiledMmaSdP = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<Int<kBlockN>, Int<kBlockM>, Int<kHeadDim>>>(), AtomRows{}));
+  // dV += P^T dO and dK += dS^T Q: (keys, hdim, queries); A from registers, B MN-major.
+  using TiledMmadKV = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kBlockM>>, GMMA::Major::K,
+                           GMMA::Major::MN>(),
+      AtomRows{}));
+  // dQ = dS K: (queries, hdim, keys); the consumers split the head dim.
+  using TiledMmadQ = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<kHeadDim / 2>, Int<kBlockN>>,
+                           GMMA::Major::K, GMMA::Major::MN>(),
+      Layout<Shape<_1, _2, _1>>{}));
+
+  using SmemAtom = decltype(smem_atom_k_major<Element, kHeadDim>());
+  using SmemLayoutKV = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
+  // Q^T, dO^T (hdim x queries x stages) over Q's / dO's buffers: B operands of dK, dV.
+  using SmemLayoutQt = decltype(composition(
+      SmemLayoutQ{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockM>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+  // K^T (hdim x keys) over K's buffer: B operand of dQ.
+  using SmemLayoutKt =
+      decltype(composition(SmemLayoutKV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, Step<_2, _1>{})));
+  // dS (queries x keys), K-major: A operand of dQ; dS^T (keys x queries) is the view the consumers write.
+  // Two buffers: step j writes buffer j % 2 while the other warpgroup may still read buffer (j - 1) % 2 for dQ.
+  using SmemLayoutdS = decltype(tile_to_shape(smem_atom_k_major<Element, kBlockN>(),
+                                              Shape<Int<kBlockM>, Int<kBlockN>, _2>{}));
+  using SmemLayoutdSt = decltype(composition(
+      SmemLayoutdS{}, make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>, _2>{}, Step<_2, _1, _3>{})));
+
+  using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+  struct SharedStorage {
+    alignas(1024) Element k[cosize_v<SmemLayoutKV>];
+    alignas(1024) Element v[cosize_v<SmemLayoutKV>];
+    alignas(1024) Element q[cosize_v<SmemLayoutQ>];
+    alignas(1024) Element dout[cosize_v<SmemLayoutQ>];
+    alignas(1024) Element ds[cosize_v<SmemLayoutdS>];
+    alignas(16) float lse_log2[kStages][kBlockM];  // the step's rows of the workspace, loaded with Q and dO
+    alignas(16) float dsum[kStages][kBlockM];
+    alignas(16) uint64_t barrier_kv;
+    typename Pipeline::SharedStorage pipeline_qdo;
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+
+  using GmemTensor = decltype(make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)), GmemShape{},
+                                          GmemStride{}));
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutQ{}),
+                                      Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
+  using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutKV{},
+                                       Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  static constexpr uint32_t kBytesQdO = 2 * kBlockM * kHeadDim * sizeof(Element) + 2 * kBlockM * sizeof(float);
+  static constexpr uint32_t kBytesKV = 2 * kBlockN * kHeadDim * sizeof(Element);
+};
+
+template <class Traits>
+struct BwdKernelParams {
+  BwdParams p;
+  typename Traits::TmaQ tma_q, tma_do;
+  typename Traits::TmaKV tma_k, tma_v;
+  GmemShape shape_q, shape_do, shape_k, shape_v;
+};
+
+// Offset of accumulator element i of thread tidx (0..255) in a query block's dQ workspace: thread-major, four
+// floats per 16-byte reduction (dq_convert_kernel reads it back with the same TiledMmadQ partition).
+CUTE_DEVICE int dq_offset(int i, int tidx) { return (i / 4) * 4 * 256 + 4 * tidx + i % 4; }
+
+CUTE_DEVICE void red_add4(float* dst, float a, float b, float c, float d) {
+  asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "f"(a), "f"(b), "f"(c), "f"(d)
+               : "memory");
+}
+
+template <class Traits, class V>
+__global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_constant__ BwdKernelParams<Traits> kp) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Element = typename Traits::Element;
+  using Pipeline = typename Traits::Pipeline;
+  using Storage = typename Traits::SharedStorage;
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kD = Traits::kHeadDim;
+  constexpr bool kMasked = V::kMasked, kHooks = V::kHooks;
+  extern __shared__ __align__(1024) char smem_raw[];
+  Storage& ss = *reinterpret_cast<Storage*>(smem_raw);
+  const BwdParams& p = kp.p;
+  const detail::AttnParams& a = p.a;
+
+  const int warp = cutlass::canonical_warp_idx_sync();
+  const int warpgroup = cutlass::canonical_warp_group_idx();
+  const bool lane_leader = cute::elect_one_sync();
+  if (warp == 0 && lane_leader) cutlass::arch::ClusterTransactionBarrier::init(&ss.barrier_kv, 1);
+  typename Pipeline::Params pp;
+  pp.transaction_bytes = Traits::kBytesQdO;
+  pp.role = warpgroup == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
+  pp.is_leader = threadIdx.x == 0;
+  pp.num_consumers = Traits::kMmaThreads;
+  Pipeline pipeline(ss.pipeline_qdo, pp, Shape<_1, _1, _1>{});
+  __syncthreads();
+
+  const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  const detail::SeqInfo seq = detail::sequence(a, b);
+  const int sq = static_cast<int>(seq.seqlen_q), sk = static_cast<int>(seq.seqlen_k);
+  const int n0 = n_block * kBlockN;
+  // The sequence's key rows: seqused_k may use fewer (sk); the unused ones get dK = dV = 0 (no step runs).
+  const int keys = a.cu_seqlens_k != nullptr ? a.cu_seqlens_k[b + 1] - a.cu_seqlens_k[b] : static_cast<int>(a.seqlen_k);
+  if (n0 >= keys) return;  // varlen: this sequence is shorter than max_seqlen_k
+  const detail::MaskPolicy pol = detail::MaskPolicy::make(a, seq);
+  int m_first = 0, m_last = n0 < sk ? (sq + kBlockM - 1) / kBlockM : 0;
+  if constexpr (kMasked) {
+    if (n0 < sk) {
+      const detail::Range t = pol.query_tiles(n0, min(kBlockN, sk - n0), kBlockM);
+      m_first = static_cast<int>(t.begin);
+      m_last = static_cast<int>(t.end);
+    }
+  }
+  const int m_blocks = max(m_last - m_first, 0);
+  const int steps = p.group * m_blocks;
+  const int bq = a.cu_seqlens_q != nullptr ? 0 : b;
+
+  Tensor sK = make_tensor(make_smem_ptr(ss.k), typename Traits::SmemLayoutKV{});
+  Tensor sV = make_tensor(make_smem_ptr(ss.v), typename Traits::SmemLayoutKV{});
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q), typename Traits::SmemLayoutQ{});
+  Tensor sdO = make_tensor(make_smem_ptr(ss.dout), typename Traits::SmemLayoutQ{});
+
+  if (warpgroup == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<24>();
+    if (warp == 0 && lane_leader && steps > 0) {
+      Tensor mK = domain_offset(make_coord(static_cast<int>(seq.k_row0), _0{}),
+                                kp.tma_k.get_tma_tensor(kp.shape_k)(_, _, hk, bq));
+      Tensor mV = domain_offset(make_coord(static_cast<int>(seq.k_row0), _0{}),
+                                kp.tma_v.get_tma_tensor(kp.shape_v)(_, _, hk, bq));
+      Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kD>>{}, make_coord(n_block, _0{}));
+      Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kD>>{}, make_coord(n_block, _0{}));
+      auto [tKg, tKs] = tma_partition(kp.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+      auto [tVg, tVs] = tma_partition(kp.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+      cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&ss.barrier_kv, Traits::kBytesKV);
+      copy(kp.tma_k.with(ss.barrier_kv, 0), tKg, tKs);
+      copy(kp.tma_v.with(ss.barrier_kv, 0), tVg, tVs);
+      cutlass::PipelineState<Traits::kStages> write = cutlass::make_producer_start_state<Pipeline>();
+      for (int g = 0; g < p.group; ++g) {
+        const int h = hk * p.group + g;
+        const std::int64_t ws_head = ws_row0(p, b, h);
+        Tensor mQ = domain_offset(make_coord(static_cast<int>(seq.q_row0), _0{}),
+                                  kp.tma_q.get_tma_tensor(kp.shape_q)(_, _, h, bq));
+        Tensor mdO = domain_offset(make_coord(static_cast<int>(seq.q_row0), _0{}),
+                                   kp.tma_do.get_tma_tensor(kp.shape_do)(_, _, h, bq));
+        Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kD>>{}, make_coord(_, _0{}));
+        Tensor gdO = local_tile(mdO, Shape<Int<kBlockM>, Int<kD>>{}, make_coord(_, _0{}));
+        auto [tQg, tQs] = tma_partition(kp.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+        auto [tdOg, tdOs] =
+            tma_partition(kp.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
+        for (int m = m_first; m < m_last; ++m) {
+          pipeline.producer_acquire(write);
+          copy(kp.tma_q.with(*pipeline.producer_get_barrier(write), 0), tQg(_, m), tQs(_, write.index()));
+          copy(kp.tma_do.with(*pipeline.producer_get_barrier(write), 0), tdOg(_, m), tdOs(_, write.index()));
+          const std::int64_t row = ws_head + m * kBlockM;  // 16-byte aligned: slots are block_m aligned
+          SM90_BULK_COPY_G2S::copy(p.lse_log2 + row, pipeline.producer_get_barrier(write), ss.lse_log2[write.index()],
+                                   kBlockM * sizeof(float));
+          SM90_BULK_COPY_G2S::copy(p.dsum + row, pipeline.producer_get_barrier(write), ss.dsum[write.index()],
+                                   kBlockM * sizeof(float));
+          ++write;
+        }
+      }
+    }
+    return;
+  }
+
+  cutlass::arch::warpgroup_reg_alloc<240>();
+  const int tidx = threadIdx.x - 128;
+  typename Traits::TiledMmaSdP mma_sdp;
+  typename Traits::TiledMmadKV mma_dkv;
+  typename Traits::TiledMmadQ mma_dq;
+  auto thr_sdp = mma_sdp.get_thread_slice(tidx);
+  auto thr_dkv = mma_dkv.get_thread_slice(tidx);
+  auto thr_dq = mma_dq.get_thread_slice(tidx);
+  Tensor sQt = make_tensor(make_smem_ptr(ss.q), typename Traits::SmemLayoutQt{});
+  Tensor sdOt = make_tensor(make_smem_ptr(ss.dout), typename Traits::SmemLayoutQt{});
+  Tensor sKt = make_tensor(make_smem_ptr(ss.k), typename Traits::SmemLayoutKt{});
+  Tensor sdS = make_tensor(make_smem_ptr(ss.ds), typename Traits::SmemLayoutdS{});
+  Tensor sdSt = make_tensor(make_smem_ptr(ss.ds), typename Traits::SmemLayoutdSt{});
+
+  Tensor tSrK = thr_sdp.partition_fragment_A(sK);   // keys x hdim
+  Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);   // queries x hdim x stages
+  Tensor tdPrV = thr_sdp.partition_fragment_A(sV);
+  Tensor tdPrdO = thr_sdp.partition_fragment_B(sdO);
+  Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOt);  // hdim x queries x stages
+  Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt);
+  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);    // queries x keys
+  Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);    // hdim (this warpgroup's half) x keys
+
+  // dS^T leaves the registers through stmatrix (transposing, 8x8 blocks of 16-bit values): per-element stores
+  // cost ~150 registers of hoisted swizzled addresses, which the compiler spilled.
+  auto r2s_ds = make_tiled_copy_C(Copy_Atom<SM90_U16x8_STSM_T, Element>{}, mma_sdp);
+  auto r2s_thr_ds = r2s_ds.get_thread_slice(tidx);
+  Tensor tdSsdS = r2s_thr_ds.partition_D(sdSt);
+
+  Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kD>>{});
+  Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kD>>{});
+  clear(acc_dk);
+  clear(acc_dv);
+  // Coordinates (key row, query column) of this thread's S^T / dP^T elements.
+  Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
+  Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
+  TileHook hook;
+  const float scale_log2 = kHooks ? 1.4426950408889634f : p.scale_log2;
+
+  if (steps > 0) cutlass::arch::ClusterTransactionBarrier::wait(&ss.barrier_kv, 0);
+  cutlass::PipelineState<Traits::kStages> read;
+  int buf = 0;  // dS buffer
+  for (int g = 0; g < p.group && steps > 0; ++g) {
+    const int h = hk * p.group + g;
+    if constexpr (kHooks) hook = TileHook::make(detail::ScoreHook::make(a, seq, b, h));
+    const std::int64_t ws_head = ws_row0(p, b, h);
+#pragma unroll 1
+    for (int m = m_first; m < m_last; ++m) {
+      const int m0 = m * kBlockM;
+      const int stage = read.index();
+      pipeline.consumer_wait(read);
+      Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+      Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+      wg_gemm<true, -1>(mma_sdp, tSrK, tSrQ(_, _, _, stage), acc_s);
+      wg_gemm<true, -1>(mma_sdp, tdPrV, tdPrdO(_, _, _, stage), acc_dp);
+      Tensor s_rc = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
+      Tensor dp_rc = make_tensor(acc_dp.data(), acc_rowcol(acc_dp.layout()));
+      const bool mask_tile = n0 + kBlockN > sk ||
+                             (kMasked && pol.tile(m0, min(kBlockM, sq - m0), n0, kBlockN) != detail::TileMask::full);
+      const float* lse_s = ss.lse_log2[stage];  // +inf past the sequence: P = 0
+      const float* dsum_s = ss.dsum[stage];
+      // P^T = exp2(S^T scale - lse) (0 outside the mask); `fused`: also dS^T = P^T (dP^T - dsum) dscore, for the
+      // score hooks, whose derivative dscore is known only here.
+      auto probabilities = [&](auto fused) __attribute__((always_inline)) {
+        CUTE_UNROLL
+        for (int ni = 0; ni < size<1>(s_rc); ++ni) {
+          const int col = get<1>(tScS_rc(0, ni));  // query within the block
+          const float lse2 = lse_s[col];
+          int lo = 0, hi = sk;
+          if (mask_tile && kMasked) {
+            lo = static_cast<int>(pol.key_begin(m0 + col));
+            hi = static_cast<int>(pol.key_end(m0 + col));
+          }
+          CUTE_UNROLL
+          for (int mi = 0; mi < size<0>(s_rc); ++mi) {
+            const int key = n0 + get<0>(tScS_rc(mi, 0));
+            float s = s_rc(mi, ni), dscore = 1.f;
+            if constexpr (kHooks)
+              s = hook.template apply<AnyHook>(s, static_cast<float>(m0 + col + hook.shift - key), dscore);
+            float pr = ex2(s * scale_log2 - lse2);
+            if (mask_tile && (key < lo || key >= hi)) pr = 0.f;
+            s_rc(mi, ni) = pr;
+            if constexpr (decltype(fused)::value) dp_rc(mi, ni) = pr * (dp_rc(mi, ni) - dsum_s[col]) * dscore;
+          }
+        }
+      };
+      // Without hooks, P^T is computed while dP^T's product runs, and dV's product runs while dS^T is formed.
+      if constexpr (kHooks) {
+        warpgroup_wait<0>();
+        probabilities(cute::true_type{});
+      } else {
+        warpgroup_wait<1>();  // S^T is in
+        probabilities(cute::false_type{});
+      }
+      Tensor rP = convert_to<Element>(acc_s);
+      wg_gemm<false, -1>(mma_dkv, make_tensor(rP.data(), acc_as_a(rP.layout())), tdVrdOt(_, _, _, stage), acc_dv);
+      if constexpr (!kHooks) {
+        warpgroup_wait<1>();  // dP^T is in (dV's product may still run)
+        CUTE_UNROLL
+        for (int ni = 0; ni < size<1>(s_rc); ++ni) {
+          const float dsum = dsum_s[get<1>(tScS_rc(0, ni))];
+          CUTE_UNROLL
+          for (int mi = 0; mi < size<0>(s_rc); ++mi) dp_rc(mi, ni) = s_rc(mi, ni) * (dp_rc(mi, ni) - dsum);
+        }
+      }
+      Tensor rdS = convert_to<Element>(acc_dp);
+      wg_gemm<false, -1>(mma_dkv, make_tensor(rdS.data(), acc_as_a(rdS.layout())), tdKrQt(_, _, _, stage), acc_dk);
+      // dS^T into this step's dS buffer for dQ = dS K over both warpgroups' keys. The buffer was last read by the
+      // dQ products two steps ago, which both warpgroups waited for before last step's barrier.
+      copy(r2s_ds, r2s_thr_ds.retile_S(rdS), tdSsdS(_, _, _, buf));
+      cutlass::arch::fence_view_async_shared();  // generic-proxy stores, read next by wgmma
+      cutlass::arch::NamedBarrier::sync(Traits::kMmaThreads, 1);
+      Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kD>>{});
+      wg_gemm<true, -1>(mma_dq, tdQrdS(_, _, _, buf), tdQrKt, acc_dq);
+      warpgroup_wait<0>();  // dV, dK, dQ
+      pipeline.consumer_release(read);  // Q_j, dO_j no longer read
+      ++read;
+      buf ^= 1;
+      float* dq_blk = p.dq_accum + (ws_head + m0) * kD;
+      int* turn_counter = nullptr;
+      if (a.deterministic) {  // key blocks add to this query block in their order: wait for the previous one
+        turn_counter = p.dq_semaphore + (ws_head + m0) / kBlockM;
+        int turn = n_block;
+        if constexpr (kMasked) turn -= static_cast<int>(pol.key_tiles(m0, min(kBlockM, sq - m0), kBlockN).begin);
+        if (tidx == 0) {
+          int seen;
+          do {
+            asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(turn_counter) : "memory");
+          } while (seen != turn);
+        }
+        cutlass::arch::NamedBarrier::sync(Traits::kMmaThreads, 2);
+      }
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_dq); i += 4)
+        red_add4(dq_blk + dq_offset(i, tidx), acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3));
+      if (a.deterministic) {  // this block's sums visible before the next key block's turn
+        __threadfence();
+        cutlass::arch::NamedBarrier::sync(Traits::kMmaThreads, 2);
+        if (tidx == 0) atomicAdd(turn_counter, 1);
+      }
+    }
+  }
+
+  // dK (scaled) and dV for this CTA's keys below the sequence's key count.
+  Element* dk_bh = static_cast<Element*>(a.dk) + b * a.dk_stride.batch + seq.k_row0 * a.dk_stride.row +
+                   hk * a.dk_stride.head;
+  Element* dv_bh = static_cast<Element*>(a.dv) + b * a.dv_stride.batch + seq.k_row0 * a.dv_stride.row +
+                   hk * a.dv_stride.head;
+  Tensor tdKc = thr_dkv.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kD>>{}));
+  const int hdim = static_cast<int>(a.hdim), hdim_v = static_cast<int>(a.hdim_v);
+  const float scale = a.softmax_scale;
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_dk); i += 2) {  // pairs of adjacent columns
+    const int row = n0 + get<0>(tdKc(i)), col = get<1>(tdKc(i));
+    if (row >= keys) continue;  // rows in [sk, keys): zeros (no step touched them)
+    if (col < hdim) {
+      cutlass::Array<Element, 2> x;
+      x[0] = Element(acc_dk(i) * scale);
+      x[1] = Element(acc_dk(i + 1) * scale);
+      *reinterpret_cast<cutlass::Array<Element, 2>*>(dk_bh + row * a.dk_stride.row + col) = x;
+    }
+    if (col < hdim_v) {
+      cutlass::Array<Element, 2> x;
+      x[0] = Element(acc_dv(i));
+      x[1] = Element(acc_dv(i + 1));
+      *reinterpret_cast<cutlass::Array<Element, 2>*>(dv_bh + row * a.dv_stride.row + col) = x;
+    }
+  }
+#endif
+}
+
+// dQ = softmax_scale * dq_accum (fp32, bwd_kernel's thread order) to 16 bits, into dq's strides. One CTA of 256
+// threads per (query block, head, sequence); thread t reads back what thread t of a consumer pair wrote.
+template <class Traits>
+__global__ void __launch_bounds__(256) dq_convert_kernel(const __grid_constant__ BwdParams p) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM, kD = Traits::kHeadDim;
+  const detail::AttnParams& a = p.a;
+  const int tidx = threadIdx.x, mb = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int m0 = mb * kBlockM;
+  const detail::SeqInfo seq = detail::sequence(a, b);
+  const int sq = static_cast<int>(seq.seqlen_q);
+  if (m0 >= sq) return;
+  typename Traits::TiledMmadQ mma_dq;
+  auto thr = mma_dq.get_thread_slice(tidx);
+  Tensor acc = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kD>>{});
+  Tensor coord = thr.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kD>>{}));
+  const float* src = p.dq_accum + (ws_row0(p, b, h) + m0) * kD;
+  Element* dq_bh = static_cast<Element*>(a.dq) + b * a.dq_stride.batch + seq.q_row0 * a.dq_stride.row +
+                   h * a.dq_stride.head;
+  const int hdim = static_cast<int>(a.hdim);
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc); i += 2) {
+    const int row = m0 + get<0>(coord(i)), col = get<1>(coord(i));
+    if (row >= sq || col >= hdim) continue;
+    cutlass::Array<Element, 2> x;
+    x[0] = Element(src[dq_offset(i, tidx)] * a.softmax_scale);
+    x[1] = Element(src[dq_offset(i + 1, tidx)] * a.softmax_scale);
+    *reinterpret_cast<cutlass::Array<Element, 2>*>(dq_bh + row * a.dq_stride.row + col) = x;
+  }
+}
+
+}  // namespace flashtile::cuda::sm90
