@@ -5,6 +5,7 @@ One file per (direction, dtype, head-dim bucket, variant) so that builds paralle
 (CMake option FLASHTILE_CUDA_KERNELS, see src/cuda/CMakeLists.txt). The file name encodes the instance:
     {fwd,bwd}_{fp16,bf16}_hdim{D}_{plain,masked,hooks}.cu        cuda-sm80
     sm90_{fwd,bwd}_{fp16,bf16}_hdim{D}_{plain,masked,hooks}.cu   cuda-sm90 (compiled for sm_90a only)
+    decode_{fp16,bf16}_hdim{D}_{plain,masked,hooks}.cu           cuda-sm80's KV-cache decode (src/cuda/decode/)
 (variants: src/cuda/common/mask.h)
 Run it after changing the buckets (keep them equal to kHdimBuckets in src/cuda/sm80/tile_table.h and
 src/cuda/sm90/tile_table.h); the generated files are committed.
@@ -16,6 +17,8 @@ DTYPES = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t"}
 HDIMS = [32, 64, 96, 128, 160, 192, 224, 256]
 SM90_HDIMS = [64, 96, 128, 192, 256]
 SM90_BWD_HDIMS = [64, 128]  # src/cuda/sm90/bwd_kernel.h's first cut
+# Keep equal to kDecodeBuckets in src/cuda/decode/params.h.
+DECODE_HDIMS = [64, 128]
 MASKS = {"plain": "Plain", "masked": "Masked", "hooks": "Hooks"}
 # name prefix -> (header, function, params type, namespace, head dims)
 DIRECTIONS = {
@@ -23,6 +26,7 @@ DIRECTIONS = {
     "bwd": ("sm80/bwd_launch.h", "run_bwd", "BwdParams", "sm80", HDIMS),
     "sm90_fwd": ("sm90/fwd_launch.h", "run_fwd", "FwdParams", "sm90", SM90_HDIMS),
     "sm90_bwd": ("sm90/bwd_launch.h", "run_bwd", "BwdParams", "sm90", SM90_BWD_HDIMS),
+    "decode": ("decode/decode_launch.h", "run_decode", "DecodeParams", "decode", DECODE_HDIMS),
 }
 
 TEMPLATE = """\

@@ -14,6 +14,7 @@
 #include "core/backend.h"
 #include "flashtile/errors.h"
 #include "checks.h"
+#include "decode/host.h"
 #include "kernel_switch.h"
 #include "runtime/runtime.h"
 #include "sm80/tile_table.h"
@@ -47,6 +48,10 @@ class CudaSm80 final : public Backend {
     if (gpu->major < 8)
       why.push_back("compute capability " + std::to_string(gpu->major) + "." + std::to_string(gpu->minor) + " of " +
                     gpu->name + " < 8.0 (mma.sync m16n8k16 bf16, cp.async)");
+    if (p.kvcache) {  // the decode path (src/cuda/decode/) has its own buckets
+      cuda::decode::can_run(p, gpu->smem_optin, why);
+      return why;
+    }
     const std::int64_t dmax = std::max(p.hdim, p.hdim_v);
     const int bucket = dmax <= 256 ? bucket_of(p) : 0;
     if (bucket != 0 && p.dtype != DType::float32) {
@@ -72,6 +77,10 @@ class CudaSm80 final : public Backend {
     const cuda::Gpu* gpu = cuda::gpu(p.device_index);
     const std::string arch = gpu != nullptr ? "sm_" + std::to_string(gpu->major) + std::to_string(gpu->minor) : "sm_80 path";
     k.isa = arch + " mma.sync.m16n8k16";
+    if (p.kvcache) {
+      cuda::decode::describe(p, k);
+      return k;
+    }
     std::ostringstream d;
     if (!p.is_backward()) {
       const sm80::FwdTile t = sm80::fwd_tile(bucket);
@@ -108,6 +117,10 @@ class CudaSm80 final : public Backend {
     const Kind kind = cuda::kind_of(p);
     // The caller's stream (Options::cuda_stream); null is the legacy default stream, as PyTorch's default.
     cudaStream_t stream = static_cast<cudaStream_t>(p.cuda_stream);
+    if (p.kvcache) {
+      cuda::decode::run(p, kName);
+      return;
+    }
     if (!p.is_backward()) {
       cuda::FwdParams f;
       cuda::fill_params(p, f);
@@ -125,6 +138,7 @@ class CudaSm80 final : public Backend {
   }
 
   std::size_t workspace_bytes(const AttnParams& p) const override {
+    if (p.kvcache) return cuda::decode::workspace_bytes_of(p);
     return p.is_backward() ? plan_bwd(p).bytes : 0;
   }
 

@@ -44,6 +44,10 @@ Operands operands(const AttnParams& p) {
     add("dk", p.dk, &p.dk_stride);
     add("dv", p.dv, &p.dv_stride);
   }
+  if (p.kvcache) {  // the appended rows, copied in 16-byte vectors
+    add("k_new", p.k_new, &p.k_new_stride);
+    add("v_new", p.v_new, &p.v_new_stride);
+  }
   return v;
 }
 
@@ -62,12 +66,12 @@ void check_alignment(const AttnParams& p, Reasons& why) {
   }
 }
 
-// The variants (issue 12) the kernels run, and what they refuse (the KV-cache call comes with the inference
-// kernels).
+// The variants (issue 12) the kernels run, and what they refuse. The KV-cache call (issue 14) runs on cuda-sm80's
+// decode kernels (src/cuda/decode/), which also run on Hopper; cuda-sm90 has none of its own yet.
 void check_variants(const AttnParams& p, const char* backend, Reasons& why) {
-  if (p.kvcache)
+  if (p.kvcache && std::string(backend) != "cuda-sm80")
     why.push_back(std::string("KV cache (forward_kvcache): not built on ") + backend +
-                  " yet; cpu-flash runs it (issue 14)");
+                  " yet; cuda-sm80's decode kernels run it on this GPU (issue 14)");
   if (p.is_backward() && p.sinks != nullptr && p.dsinks == nullptr)
     why.push_back("sinks: a backward with sinks needs dsinks (dL/dsinks)");
   if (p.is_varlen() && (p.total_q > INT_MAX || p.total_k > INT_MAX))

@@ -6,6 +6,7 @@
 #include "flashtile_cuda_instances.h"
 #include "kernel_switch.h"
 #include "common/mask.h"
+#include "decode/launch.h"
 #include "sm80/launch.h"
 #include "sm90/launch.h"
 
@@ -133,5 +134,39 @@ cudaError_t launch_bwd_sm90(Elem dtype, int hdim_bucket, Kind kind, const BwdPar
   return cudaErrorNotSupported;
 }
 #undef FT_X_BWD
+
+#define FT_X_BUILT(dt, d) \
+  if (dtype == Elem::dt && hdim_bucket == d) return true;
+bool decode_built(Elem dtype, int hdim_bucket) {
+  FT_CUDA_DECODE_INSTANCES(FT_X_BUILT)
+  return false;
+}
+#undef FT_X_BUILT
+
+#define FT_X_NAME(dt, d) #dt ":" #d " "
+const char* decode_built_kernels() { return "" FT_CUDA_DECODE_INSTANCES(FT_X_NAME); }
+#undef FT_X_NAME
+
+#define FT_X_DECODE(dt, d)                                                        \
+  if (dtype == Elem::dt && hdim_bucket == d) {                                    \
+    using T = ElementOf<Elem::dt>::type;                                          \
+    switch (kind) {                                                               \
+      case Kind::plain: e = decode::run_decode<T, d, Plain>(p, stream); break;    \
+      case Kind::masked: e = decode::run_decode<T, d, Masked>(p, stream); break;  \
+      case Kind::hooks: e = decode::run_decode<T, d, Hooks>(p, stream); break;    \
+    }                                                                             \
+    found = true;                                                                 \
+  }
+cudaError_t launch_kvcache(Elem dtype, int hdim_bucket, Kind kind, const decode::DecodeParams& p,
+                           cudaStream_t stream) {
+  cudaError_t e = decode::run_check_append(p, stream);
+  if (e != cudaSuccess) return e;
+  bool found = false;
+  FT_CUDA_DECODE_INSTANCES(FT_X_DECODE)
+  if (!found) return cudaErrorNotSupported;
+  if (e != cudaSuccess || p.splits <= 1) return e;
+  return decode::run_combine(dtype == Elem::fp16, p, stream);
+}
+#undef FT_X_DECODE
 
 }  // namespace flashtile::cuda

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include "common/params.h"
+#include "decode/params.h"
 
 namespace flashtile::cuda {
 
@@ -34,5 +35,11 @@ const char* sm90_built_kernels();
 cudaError_t launch_fwd_sm90(Elem dtype, int hdim_bucket, Kind kind, const FwdParams& p, cudaStream_t stream);
 bool sm90_bwd_kernel_built(Elem dtype, int hdim_bucket);
 cudaError_t launch_bwd_sm90(Elem dtype, int hdim_bucket, Kind kind, const BwdParams& p, cudaStream_t stream);
+
+// cuda-sm80's KV-cache path (src/cuda/decode/): whether this build has the decode kernels of (dtype, bucket), and
+// the call: status reset, device-side index check, append, decode, and the combine when p.splits > 1.
+bool decode_built(Elem dtype, int hdim_bucket);
+const char* decode_built_kernels();
+cudaError_t launch_kvcache(Elem dtype, int hdim_bucket, Kind kind, const decode::DecodeParams& p, cudaStream_t stream);
 
 }  // namespace flashtile::cuda

@@ -1,0 +1,235 @@
+#!/usr/bin/env python3
+"""Decode against a KV cache on the GPU (forward_kvcache, issue 14): GB/s of K+V read, FlashTile's cuda-sm80 decode
+path against torch SDPA's flash, efficient and cuDNN backends, in one process. The GPU twin of bench/decode.py.
+
+Cells (issue 14): GQA 32 query / 8 KV heads, head dim 128, bf16, causal (bottom-right over the new tokens);
+Sq = 1 (decode) and 16 (speculative decoding); batch 1 / 8 / 64; 4k / 32k / 128k keys; contiguous caches and
+paged ones (pages of 64 rows, shuffled). FlashTile is called through libflashtile_capi.so (gpu_bench.py's ctypes
+class, ft_forward_kvcache) on torch tensors: cache_seqlens = keys - Sq and Sq new keys appended in place, so the
+call reads `keys` keys per sequence. The peers get the same values as (B, H, L, D) views of the contiguous cache
+with enable_gqa=True (and causal_lower_right for Sq > 1); SDPA has no paged form, so a paged cell's peers are
+those of the contiguous cell with the same shape (the same values and the same work).
+
+GB/s counts the bytes of K and V the call must read: B · L · Hkv · (D + Dv) · 2; % is of the H200's 4.8 TB/s.
+Timing: CUDA events around each call, 5 warm-up calls, median of --reps (>= 20). FlashTile's call also reads the
+device-side index check's verdict back (a 16-byte copy and a stream synchronisation; a CUDA graph replay skips
+it), which the events include; the "device" column is the median over calls of the device time of the call's own
+memset and kernels (check, append, decode, combine) from torch.profiler (CUPTI), the figure a graph replay
+approaches.
+
+    python3 bench/gpu_decode.py --lib build/gpu/src/libflashtile_capi.so --out bench/results/h200-decode
+
+writes OUT.json, OUT.md and OUT.png (GB/s per cell, the HBM peak as a line).
+"""
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from gpu_bench import FlashTile, find_lib, time_ms  # noqa: E402  the ctypes binding of the C ABI, CUDA-event timing
+
+HQ, HKV, D = 32, 8, 128
+HBM_PEAK_GBS = 4800.0  # H200 HBM3e
+PEERS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+         "cudnn": SDPBackend.CUDNN_ATTENTION}
+# Device-side work of one FlashTile call (the read-back's D2H copy is not the call's work).
+FT_OPS = ("check_kernel", "append_kernel", "decode_kernel", "combine_kernel", "Memset")
+
+
+def cells(quick):
+    out = []
+    for sq in (1, 16):
+        for batch in (1, 8, 64):
+            for keys in (4096, 32768, 131072):
+                if quick and (keys > 32768 or batch > 8):
+                    continue
+                for page in (0, 64):
+                    out.append({"sq": sq, "batch": batch, "keys": keys, "page": page})
+    return out
+
+
+def device_ms(fn, reps):
+    """Median over `reps` calls of the device time of FlashTile's own ops (torch.profiler, CUPTI), or None."""
+    try:
+        from torch.autograd import DeviceType
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                fn()
+            torch.cuda.synchronize()
+        evs = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA),
+                     key=lambda e: e.time_range.start)
+        calls, cur = [], None
+        for e in evs:
+            if "Memset" in e.name:  # every call starts with the status memset
+                cur = {"us": 0.0}
+                calls.append(cur)
+            if cur is not None and any(op in e.name for op in FT_OPS):
+                cur["us"] += e.time_range.end - e.time_range.start
+        per_call = [c["us"] / 1e3 for c in calls]
+        return statistics.median(per_call) if len(per_call) >= reps // 2 else None
+    except Exception as e:  # no CUPTI: the events' figure stands alone
+        print(f"profiler unavailable: {e}", file=sys.stderr)
+        return None
+
+
+def bench_cell(ft, cell, reps, peer_cache):
+    b, sq, keys, page = cell["batch"], cell["sq"], cell["keys"], cell["page"]
+    dev = "cuda"
+    g = torch.Generator(device=dev).manual_seed(keys + 7 * b + sq)
+    q = torch.randn(b, sq, HQ, D, device=dev, dtype=torch.bfloat16, generator=g)
+    out = torch.empty_like(q)
+    lens = torch.full((b,), keys - sq, dtype=torch.int32, device=dev)  # sq new keys appended: `keys` keys read
+    if page:
+        pages = b * keys // page
+        k = torch.randn(pages, page, HKV, D, device=dev, dtype=torch.bfloat16, generator=g)
+        v = torch.randn(pages, page, HKV, D, device=dev, dtype=torch.bfloat16, generator=g)
+        table = torch.randperm(pages, device=dev, generator=g).to(torch.int32).reshape(b, keys // page)
+    else:
+        k = torch.randn(b, keys, HKV, D, device=dev, dtype=torch.bfloat16, generator=g)
+        v = torch.randn(b, keys, HKV, D, device=dev, dtype=torch.bfloat16, generator=g)
+        table = None
+    k_new = torch.randn(b, sq, HKV, D, device=dev, dtype=torch.bfloat16, generator=g)
+    v_new = torch.randn(b, sq, HKV, D, device=dev, dtype=torch.bfloat16, generator=g)
+    kv_bytes = b * keys * HKV * 2 * D * 2
+
+    def flashtile_call():
+        return ft.forward_kvcache(q, k, v, out, cache_seqlens=lens, block_table=table, k_new=k_new, v_new=v_new,
+                                  causal=True, backend="cuda-sm80", strict=True)
+
+    report = flashtile_call()
+    row = {**cell, "kv_bytes": kv_bytes, "report": report}
+    row["flashtile_ms"] = time_ms(flashtile_call, reps)
+    row["flashtile_device_ms"] = device_ms(flashtile_call, reps)
+    shape = (sq, b, keys)
+    if not page:
+        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        mask = causal_lower_right(sq, keys) if sq > 1 else None
+        peers = {}
+        for name, backend in PEERS.items():
+            try:
+                with sdpa_kernel(backend):
+                    fn = lambda: F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, enable_gqa=True)
+                    fn()
+                    peers[f"{name}_ms"] = time_ms(fn, reps)
+            except Exception as e:  # a peer that cannot run this shape is reported, not fatal
+                peers[f"{name}_error"] = str(e).split("\n")[0][:160]
+        peer_cache[shape] = peers
+    row.update(peer_cache.get(shape, {}))
+    for key in list(row):
+        if key.endswith("_ms") and row[key]:
+            row[key[:-3] + "_gbs"] = kv_bytes / (row[key] * 1e-3) / 1e9
+    del q, k, v, out, k_new, v_new, table
+    torch.cuda.empty_cache()
+    return row
+
+
+def splits_of(report):
+    return next((w.split("=")[1] for w in report.split() if w.startswith("splits=")), "?")
+
+
+def fmt(x):
+    return f"{x:.0f}" if x else "—"
+
+
+def markdown(meta, rows):
+    lines = [f"# GPU decode against a KV cache on {meta['gpu']} ({meta['date']})", "",
+             f"torch {meta['torch']} (CUDA {meta['cuda']}, cuDNN {meta['cudnn']}). Command: `{meta['command']}` "
+             f"(commit {meta['commit']}).", "",
+             "GQA 32/8, head dim 128, bf16, causal over the Sq new tokens (appended in place by FlashTile's call). "
+             "GB/s = bytes of K+V the call reads / median time over "
+             f"{meta['reps']} calls after 5 warm-up calls, CUDA events; % = of the {HBM_PEAK_GBS:.0f} GB/s HBM peak. "
+             "FlashTile's events include the index check's read-back (a 16-byte copy and a stream synchronisation "
+             "per call); 'device' is the median device time of its memset and kernels (torch.profiler), what a "
+             "CUDA-graph replay approaches. torch: scaled_dot_product_attention with enable_gqa=True on (B, H, L, D) "
+             "views of the contiguous cache (paged cells: the contiguous cell's peers, same values and work).", "",
+             "| Sq | batch | keys | cache | FlashTile GB/s (events) | FlashTile GB/s (device) | % peak (device) "
+             "| flash GB/s | efficient GB/s | cuDNN GB/s | device ÷ cuDNN | device ÷ flash | splits |",
+             "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        dev = r.get("flashtile_device_gbs")
+        ratio = lambda peer: f"{dev / r[peer]:.2f}×" if dev and r.get(peer) else "—"
+        lines.append(
+            f"| {r['sq']} | {r['batch']} | {r['keys']} | {'paged ' + str(r['page']) if r['page'] else 'contiguous'} "
+            f"| {fmt(r.get('flashtile_gbs'))} | {fmt(dev)} | {f'{100 * dev / HBM_PEAK_GBS:.0f} %' if dev else '—'} "
+            f"| {fmt(r.get('flash_gbs'))} | {fmt(r.get('efficient_gbs'))} | {fmt(r.get('cudnn_gbs'))} "
+            f"| {ratio('cudnn_gbs')} | {ratio('flash_gbs')} | {splits_of(r['report'])} |")
+    errors = sorted({f"{k[:-6]}: {v}" for r in rows for k, v in r.items() if k.endswith("_error")})
+    if errors:
+        lines += ["", "Peers that refused a cell:", ""] + [f"- {e}" for e in errors]
+    lines += ["", "FlashTile's dispatch report of the last cell:", "", "```", rows[-1]["report"].strip(), "```"]
+    return "\n".join(lines) + "\n"
+
+
+def plot(meta, rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    labels = [f"Sq{r['sq']} B{r['batch']}\n{r['keys'] // 1024}k" + (f" p{r['page']}" if r["page"] else "")
+              for r in rows]
+    x = list(range(len(rows)))
+    series = [("flashtile_device_gbs", "FlashTile cuda-sm80 (device)", "C0"),
+              ("flashtile_gbs", "FlashTile (events, with read-back)", "C9"),
+              ("flash_gbs", "torch SDPA flash", "C1"), ("cudnn_gbs", "torch SDPA cuDNN", "C3"),
+              ("efficient_gbs", "torch SDPA efficient", "C2")]
+    w = 0.8 / len(series)
+    fig, ax = plt.subplots(figsize=(max(10, 0.6 * len(rows)), 5))
+    for i, (key, label, colour) in enumerate(series):
+        ax.bar([xi - 0.4 + (i + 0.5) * w for xi in x], [r.get(key) or 0 for r in rows], w, label=label, color=colour)
+    ax.axhline(HBM_PEAK_GBS, color="k", ls="--", lw=1, label=f"HBM peak {HBM_PEAK_GBS:.0f} GB/s")
+    ax.axhline(0.9 * HBM_PEAK_GBS, color="k", ls=":", lw=1, label="90 % of it (target, batch ≥ 8, ≥ 32k keys)")
+    ax.set_xticks(x)
+    ax.set_xticklabels(labels, fontsize=6)
+    ax.set_ylabel("GB/s of K+V read")
+    ax.set_title(f"KV-cache decode, GQA 32/8, hd128 bf16 — {meta['gpu']}, {meta['date']}", fontsize=9)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", default=None, help="libflashtile_capi.so (default: build/gpu, build/release, build)")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--quick", action="store_true", help="batch <= 8 and <= 32k keys only")
+    ap.add_argument("--out", default=None, help="path stem for .json, .md and .png")
+    args = ap.parse_args()
+    if args.reps < 20:
+        sys.exit("--reps: at least 20")
+    ft = FlashTile(find_lib(args.lib))
+    commit = subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version(), "commit": commit, "reps": args.reps,
+            "command": "python3 bench/gpu_decode.py " + " ".join(sys.argv[1:])}
+    start = time.time()
+    rows, peer_cache = [], {}
+    for cell in cells(args.quick):
+        row = bench_cell(ft, cell, args.reps, peer_cache)
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "report"}), flush=True)
+    meta["seconds"] = round(time.time() - start, 1)
+    md = markdown(meta, rows)
+    print(md)
+    if args.out:
+        with open(args.out + ".json", "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        with open(args.out + ".md", "w") as f:
+            f.write(md)
+        plot(meta, rows, args.out + ".png")
+
+
+if __name__ == "__main__":
+    main()

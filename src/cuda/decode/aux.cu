@@ -1,0 +1,140 @@
+// The decode path's small kernels: the device-side index check, the append of k_new / v_new into the cache, and
+// the combine of split parts. cache_seqlens, block_table and cache_batch_idx are device memory: the host cannot
+// read them without a synchronisation (which CUDA-graph capture forbids), so the check runs on the device first
+// and the append and decode kernels do nothing when it found a bad index (the cache stays as it was).
+#include <cuda_runtime.h>
+#include <cutlass/numeric_types.h>
+
+#include <cstdint>
+
+#include "core/params.h"
+#include "decode/launch.h"
+#include "decode/merge.h"
+
+namespace flashtile::cuda::decode {
+namespace {
+
+// One thread per (sequence, block-table column) or per sequence (contiguous), grid-stride: the CPU validation's
+// checks (src/core/validate_kvcache.cpp), each failure lowering first_bad to its (sequence, column, code) key.
+__global__ void check_kernel(const __grid_constant__ DecodeParams p) {
+  const detail::AttnParams& a = p.a;
+  const bool paged = a.page_table != nullptr;
+  const std::int64_t room = paged ? a.max_pages * a.page_size : a.capacity;
+  const std::int64_t cols = paged ? a.max_pages : 1;
+  const std::int64_t n = a.batch * cols;
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t b = i / cols, t = i % cols;
+    std::int64_t len = a.seqlen_k;  // no cache_seqlens: every sequence fills its cache
+    if (a.cache_seqlens != nullptr) {
+      const std::int32_t held = a.cache_seqlens[b];
+      if (held < 0 || held + a.seqlen_new > room) {
+        if (t == 0) atomicMin(&p.status->first_bad, bad_key(b, 0, held < 0 ? kSeqlenNegative : kSeqlenTooLong));
+        continue;
+      }
+      len = held + a.seqlen_new;
+    }
+    if (t == 0) atomicMax(&p.status->longest, static_cast<int>(len));
+    if (paged) {
+      if (t * a.page_size >= len) continue;  // a column the sequence does not reach is never read
+      const std::int32_t page = a.page_table[b * a.page_table_batch_stride + t];
+      if (page < 0 || (p.num_slots > 0 && page >= p.num_slots))
+        atomicMin(&p.status->first_bad, bad_key(b, t, kPageOutOfRange));
+    } else if (a.cache_batch_idx != nullptr) {
+      const std::int32_t slot = a.cache_batch_idx[b];
+      if (slot < 0 || (p.num_slots > 0 && slot >= p.num_slots))
+        atomicMin(&p.status->first_bad, bad_key(b, 0, kSlotOutOfRange));
+    }
+  }
+}
+
+// One thread per 16-byte chunk of a new K or V row: k_new[b, i, h] goes to key cache_seqlens[b] + i of sequence b
+// (kv_row, the one address rule). 16-bit elements, moved as bytes.
+__global__ void append_kernel(const __grid_constant__ DecodeParams p) {
+  const detail::AttnParams& a = p.a;
+  if (status_bad(*p.status, a.seqlen_k)) return;
+  const std::int64_t kc = a.hdim / 8, vc = a.hdim_v / 8, per_row = kc + vc;
+  const std::int64_t n = a.batch * a.seqlen_new * a.heads_kv * per_row;
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t c = i % per_row, row = i / per_row;
+    const std::int64_t h = row % a.heads_kv, j = row / a.heads_kv % a.seqlen_new, b = row / (a.heads_kv * a.seqlen_new);
+    const detail::KvRow at = detail::kv_row(a, b, a.cache_seqlens[b] + j);
+    const bool is_k = c < kc;
+    const std::int64_t e = (is_k ? c : c - kc) * 8;
+    const detail::Strides& ns = is_k ? a.k_new_stride : a.v_new_stride;
+    const auto* src = static_cast<const std::uint16_t*>(is_k ? a.k_new : a.v_new) + b * ns.batch + j * ns.row +
+                      h * ns.head + e;
+    auto* dst = static_cast<std::uint16_t*>(const_cast<void*>(is_k ? a.k : a.v)) + (is_k ? at.k : at.v) +
+                h * (is_k ? a.k_stride.head : a.v_stride.head) + e;
+    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+  }
+}
+
+// One warp per query row (b, h, t): the splits' parts merged as merge_attention_states does.
+constexpr int kCombineWarps = 4;
+template <class Element>
+__global__ void combine_kernel(const __grid_constant__ DecodeParams p) {
+  __shared__ float weights[kCombineWarps][kMaxSplits];
+  const detail::AttnParams& a = p.a;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const std::int64_t rows = a.batch * a.heads_q * a.seqlen_q;
+  const std::int64_t row = blockIdx.x * std::int64_t{kCombineWarps} + warp;
+  if (row >= rows) return;
+  const std::int64_t t = row % a.seqlen_q, h = row / a.seqlen_q % a.heads_q, b = row / (a.seqlen_q * a.heads_q);
+  const int dv = static_cast<int>(a.hdim_v);
+  Element* out = static_cast<Element*>(a.out) + b * a.out_stride.batch + t * a.out_stride.row + h * a.out_stride.head;
+  float* lse = a.lse != nullptr ? a.lse + b * a.lse_stride.batch + h * a.lse_stride.head + t * a.lse_stride.row
+                                : nullptr;
+  if (status_bad(*p.status, a.seqlen_k)) {  // only under capture: outside it the host refuses and out stays
+    if (!p.nan_on_bad) return;
+    for (int c = lane; c < dv; c += 32) out[c] = Element(NAN);
+    if (lane == 0 && lse != nullptr) *lse = NAN;
+    return;
+  }
+  const float l = merged_lse([&](int s) { return p.lse_part[s * rows + row]; }, p.splits);
+  for (int s = lane; s < p.splits; s += 32) weights[warp][s] = part_weight(p.lse_part[s * rows + row], l);
+  __syncwarp();
+  for (int c = lane; c < dv; c += 32) {
+    float o = 0.f;
+    for (int s = 0; s < p.splits; ++s) o += weights[warp][s] * p.o_part[(s * rows + row) * dv + c];
+    out[c] = Element(o);
+  }
+  if (lane == 0 && lse != nullptr) *lse = l;
+}
+
+unsigned blocks_for(std::int64_t n, int threads) {
+  const std::int64_t b = (n + threads - 1) / threads;
+  return static_cast<unsigned>(b < 1 ? 1 : (b > 4096 ? 4096 : b));
+}
+
+}  // namespace
+
+cudaError_t run_check_append(const DecodeParams& p, cudaStream_t stream) {
+  cudaError_t e = cudaMemsetAsync(p.status, 0xff, sizeof(Status), stream);  // first_bad = ~0, longest = -1
+  if (e != cudaSuccess) return e;
+  const std::int64_t checks = p.a.batch * (p.a.page_table != nullptr ? p.a.max_pages : 1);
+  if (checks > 0) {
+    check_kernel<<<blocks_for(checks, 256), 256, 0, stream>>>(p);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  }
+  const std::int64_t chunks = p.a.batch * p.a.seqlen_new * p.a.heads_kv * ((p.a.hdim + p.a.hdim_v) / 8);
+  if (chunks > 0) {
+    append_kernel<<<blocks_for(chunks, 256), 256, 0, stream>>>(p);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t run_combine(bool fp16, const DecodeParams& p, cudaStream_t stream) {
+  const std::int64_t rows = p.a.batch * p.a.heads_q * p.a.seqlen_q;
+  if (rows == 0) return cudaSuccess;
+  const auto blocks = static_cast<unsigned>((rows + kCombineWarps - 1) / kCombineWarps);
+  if (fp16)
+    combine_kernel<cutlass::half_t><<<blocks, kCombineWarps * 32, 0, stream>>>(p);
+  else
+    combine_kernel<cutlass::bfloat16_t><<<blocks, kCombineWarps * 32, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace flashtile::cuda::decode

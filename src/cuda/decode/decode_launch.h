@@ -1,0 +1,31 @@
+// The decode kernel's launcher (included by the generated instance files only): the 16-row or the 64-row tile,
+// as the host's plan chose (p.rows_per_tile).
+#pragma once
+
+#include "decode/kernel.h"
+#include "decode/launch.h"
+
+namespace flashtile::cuda::decode {
+
+template <class Tr, class V>
+cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
+  auto kernel = decode_kernel<Tr, V>;
+  constexpr int smem = Tr::kSmemBytes;
+  if (smem > 48 * 1024) {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return e;
+  }
+  const dim3 grid(static_cast<unsigned>(p.row_tiles * p.splits), static_cast<unsigned>(p.a.heads_kv),
+                  static_cast<unsigned>(p.a.batch));
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return cudaSuccess;
+  kernel<<<grid, kThreads, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <class Element, int kHeadDim, class V>
+cudaError_t run_decode(const DecodeParams& p, cudaStream_t stream) {
+  if (p.rows_per_tile == kRowsPerTileTall) return launch_decode<Traits<Element, kHeadDim, 4>, V>(p, stream);
+  return launch_decode<Traits<Element, kHeadDim, 1>, V>(p, stream);
+}
+
+}  // namespace flashtile::cuda::decode

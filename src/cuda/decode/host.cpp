@@ -1,0 +1,220 @@
+// See host.h.
+#include "decode/host.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <sstream>
+#include <utility>
+
+#include "flashtile/errors.h"
+#include "kernel_switch.h"
+#include "checks.h"
+#include "runtime/runtime.h"
+
+namespace flashtile::cuda::decode {
+namespace {
+
+using detail::AttnParams;
+
+int sm_count(int device) {
+  int n = 0;
+  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+// Reads `bytes` of device memory at src (the stream is synchronised by the caller's read-back already).
+template <class T>
+T read_device(const T* src, cudaStream_t stream, const char* backend) {
+  T v{};
+  check(cudaMemcpyAsync(&v, src, sizeof(T), cudaMemcpyDeviceToHost, stream), backend, "cudaMemcpyAsync (kvcache index)");
+  check(cudaStreamSynchronize(stream), backend, "cudaStreamSynchronize (kvcache index)");
+  return v;
+}
+
+// The CPU validation's message (src/core/validate_kvcache.cpp) for the check kernel's first bad index.
+[[noreturn]] void refuse(const AttnParams& p, const Status& s, cudaStream_t stream, const char* backend) {
+  std::ostringstream m;
+  if (s.first_bad == ~0ull) {
+    m << "max_seqlen_k: " << p.seqlen_k << " is smaller than the longest sequence's " << s.longest
+      << " keys (cache_seqlens + Snew)";
+    throw InvalidArgument(m.str());
+  }
+  const auto b = static_cast<std::int64_t>(s.first_bad >> 35);
+  const auto t = static_cast<std::int64_t>(s.first_bad >> 3 & 0xffffffffull);
+  const auto code = static_cast<unsigned>(s.first_bad & 7);
+  const bool paged = p.page_table != nullptr;
+  auto seqlen = [&] { return read_device(p.cache_seqlens + b, stream, backend); };
+  switch (code) {
+    case kSeqlenNegative:
+      m << "cache_seqlens: cache_seqlens[" << b << "] = " << seqlen() << " is negative";
+      break;
+    case kSeqlenTooLong:
+      m << "cache_seqlens: cache_seqlens[" << b << "] = " << seqlen() << " plus " << p.seqlen_new
+        << " new keys exceeds the " << (paged ? p.max_pages * p.page_size : p.capacity) << " rows "
+        << (paged ? "of block_table's pages (max_pages · page_size)" : "of the cache (capacity)");
+      break;
+    case kPageOutOfRange: {
+      const std::int64_t len = p.cache_seqlens != nullptr ? seqlen() + p.seqlen_new : p.seqlen_k;
+      m << "block_table: block_table[" << b << "][" << t << "] = "
+        << read_device(p.page_table + b * p.page_table_batch_stride + t, stream, backend)
+        << " is outside [0, num_pages) (sequence " << b << " holds " << len << " keys)";
+      break;
+    }
+    default:
+      m << "cache_batch_idx: cache_batch_idx[" << b << "] = " << read_device(p.cache_batch_idx + b, stream, backend)
+        << " is outside [0, slots) (the cache's batch)";
+  }
+  throw InvalidArgument(m.str());
+}
+
+// The KV-cache call's own device pointers (runtime.cpp's check_device_pointers covers q, k, v, out, lse, slopes and
+// sinks; these belong in its list, proposed there): memory of the tensors' device, as the kernels read it there.
+void check_kvcache_pointers(const AttnParams& p, detail::Reasons& why) {
+  const std::pair<const char*, const void*> list[] = {{"cache_seqlens", p.cache_seqlens}, {"block_table", p.page_table},
+                                                      {"cache_batch_idx", p.cache_batch_idx}, {"k_new", p.k_new},
+                                                      {"v_new", p.v_new}, {"workspace", p.workspace}};
+  for (const auto& [name, ptr] : list) {
+    if (ptr == nullptr) continue;
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, ptr) != cudaSuccess) {
+      (void)cudaGetLastError();
+      why.push_back(std::string("device: ") + name + " is not CUDA memory (cudaPointerGetAttributes failed)");
+      return;
+    }
+    if (a.type == cudaMemoryTypeManaged) continue;
+    if (a.type != cudaMemoryTypeDevice || a.device != p.device_index) {
+      why.push_back(std::string("device: ") + name + " is not memory of cuda:" + std::to_string(p.device_index));
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+std::string Plan::reason() const {
+  if (given) return "num_splits as given";
+  std::ostringstream s;
+  s << "auto: " << ctas << " CTAs (B·Hkv·row_tiles) on " << sms << " SMs x " << per_sm
+    << " resident; the fewest splits within 85 % of the best wave efficiency, at most one per 4 key tiles (256 keys)"
+    << " of the seqlen_k bound";
+  return s.str();
+}
+
+// FlashAttention's split heuristic: the wave efficiency of s splits is waves / ceil(waves) with waves = ctas · s /
+// (SMs · CTAs per SM); the fewest splits reaching 85 % of the best efficiency win (a partial last wave leaves SMs
+// idle, more splits cost a larger combine).
+Plan plan(const AttnParams& p) {
+  Plan d;
+  d.bucket = decode_bucket(std::max(p.hdim, p.hdim_v));
+  const std::int64_t rows = p.group() * p.seqlen_q;
+  d.rows_per_tile = rows_per_tile(rows);
+  d.row_tiles = static_cast<int>((rows + d.rows_per_tile - 1) / d.rows_per_tile);
+  d.ctas = p.batch * p.heads_kv * d.row_tiles;
+  d.sms = sm_count(p.device_index);
+  const Gpu* g = gpu(p.device_index);
+  const int smem = d.bucket > 0 ? decode_smem_bytes(d.bucket, d.rows_per_tile) : 1;
+  d.per_sm = std::clamp(g != nullptr ? g->smem_optin / smem : 1, 1, 4);  // 128 threads, < 128 registers each
+  if (p.num_splits > 0) {
+    d.given = true;
+    d.splits = p.num_splits;
+    return d;
+  }
+  const std::int64_t tiles = (p.seqlen_k + kBlockN - 1) / kBlockN;
+  const int most = static_cast<int>(std::clamp<std::int64_t>(tiles / 4, 1, kMaxSplits));
+  const double slots = static_cast<double>(std::max(d.sms, 1) * d.per_sm);
+  auto efficiency = [&](int s) {
+    const double waves = static_cast<double>(d.ctas * s) / slots;
+    return waves / std::ceil(waves);
+  };
+  double best = 0.0;
+  for (int s = 1; s <= most; ++s) best = std::max(best, efficiency(s));
+  d.splits = 1;
+  while (d.splits < most && efficiency(d.splits) < 0.85 * best) ++d.splits;
+  if (d.ctas == 0) d.splits = 1;
+  return d;
+}
+
+void can_run(const AttnParams& p, int smem_optin, detail::Reasons& why) {
+  if (!p.device_pointers_checked) check_kvcache_pointers(p, why);
+  const std::int64_t dmax = std::max(p.hdim, p.hdim_v);
+  const int bucket = decode_bucket(dmax);
+  if (bucket == 0) {
+    why.push_back("KV cache: head dim " + std::to_string(dmax) + " > 128 has no decode kernel (buckets 64, 128)");
+    return;
+  }
+  const Elem e = elem_of(p.dtype);
+  if (p.dtype != DType::float32 && !decode_built(e, bucket))
+    why.push_back(std::string("KV cache: decode kernel not built in this build: ") + elem_name(e) + " hdim " +
+                  std::to_string(bucket) + " (built: " + decode_built_kernels() + ")");
+  const int smem = decode_smem_bytes(bucket, rows_per_tile(p.group() * p.seqlen_q));
+  if (smem > smem_optin)
+    why.push_back("shared memory: the hdim " + std::to_string(bucket) + " decode kernel needs " +
+                  std::to_string(smem) + " bytes per block, the GPU allows " + std::to_string(smem_optin));
+  if (p.num_splits > kMaxSplits)
+    why.push_back("num_splits = " + std::to_string(p.num_splits) + " > " + std::to_string(kMaxSplits) +
+                  " (the combine kernel's limit)");
+}
+
+void describe(const AttnParams& p, KernelInfo& k) {
+  const Plan d = plan(p);
+  const Elem e = elem_of(p.dtype);
+  k.kernel = std::string("sm80_decode_") + elem_name(e) + "_hdim" + std::to_string(d.bucket) + "_" +
+             kind_name(kind_of(p));
+  k.block_q = d.rows_per_tile;
+  k.block_k = kBlockN;
+  k.threads = kThreads;
+  k.splits = d.splits;
+  std::ostringstream s;
+  s << "decode: rows_per_tile=" << d.rows_per_tile << " (G·Sq = " << p.group() * p.seqlen_q << " packed rows, "
+    << d.row_tiles << " row tiles per KV head; " << (d.rows_per_tile == kRowsPerTile ? "16 rows while they fit" : "over 16 rows: 64")
+    << ") keys_per_tile=" << kBlockN
+    << (d.rows_per_tile == kRowsPerTile ? " (4 warps x 16 keys, merged at the end)" : " (4 warps x 16 rows)")
+    << " stages=" << decode_stages(d.bucket) << " (cp.async ring, K and V) smem="
+    << decode_smem_bytes(d.bucket, d.rows_per_tile)
+    << "B splits=" << d.splits << " (" << d.reason() << ")" << (d.splits > 1 ? " + combine kernel" : "")
+    << (p.page_table != nullptr ? " paged: page_size=" + std::to_string(p.page_size) : std::string(" contiguous"))
+    << " index check: device-side, read back when the stream is not capturing";
+  k.detail = s.str();
+}
+
+std::size_t workspace_bytes_of(const AttnParams& p) { return workspace_bytes(p, plan(p).splits); }
+
+void run(const AttnParams& p, const char* backend) {
+  cudaStream_t stream = static_cast<cudaStream_t>(p.cuda_stream);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  check(cudaStreamIsCapturing(stream, &capture), backend, "cudaStreamIsCapturing");
+  const Plan d = plan(p);
+  DecodeParams k;
+  fill_params(p, k);
+  k.splits = d.splits;
+  k.row_tiles = d.row_tiles;
+  k.rows_per_tile = d.rows_per_tile;
+  k.num_slots = 0;  // not in AttnParams yet: only negative pages and slots are refused on the device
+  k.nan_on_bad = capture != cudaStreamCaptureStatusNone;
+  const std::size_t bytes = workspace_bytes(p, d.splits);
+  Workspace ws(p, bytes, stream, backend);
+  char* base = ws.data();
+  k.status = reinterpret_cast<Status*>(base);
+  if (d.splits > 1) {
+    const auto rows = static_cast<std::size_t>(d.splits) * static_cast<std::size_t>(p.batch * p.heads_q * p.seqlen_q);
+    k.o_part = reinterpret_cast<float*>(base + 256);
+    k.lse_part = reinterpret_cast<float*>(base + 256 + (rows * static_cast<std::size_t>(p.hdim_v) * 4 + 255) / 256 * 256);
+  }
+  check(launch_kvcache(elem_of(p.dtype), d.bucket, kind_of(p), k, stream), backend, "kvcache kernels launch");
+  if (!k.nan_on_bad) {
+    Status s{};
+    check(cudaMemcpyAsync(&s, k.status, sizeof(Status), cudaMemcpyDeviceToHost, stream), backend,
+          "cudaMemcpyAsync (kvcache index check)");
+    check(cudaStreamSynchronize(stream), backend, "cudaStreamSynchronize (kvcache index check)");
+    if (status_bad(s, p.seqlen_k)) refuse(p, s, stream, backend);
+  }
+  ws.release();
+}
+
+}  // namespace flashtile::cuda::decode

@@ -1,0 +1,41 @@
+// cuda-sm80's forward_kvcache on the host side (backend.cpp calls these): the split plan, the workspace, the
+// launches and the read-back of the device-side index check.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "core/backend.h"
+
+namespace flashtile::cuda::decode {
+
+struct Plan {
+  int bucket = 0;         // decode head-dim bucket
+  int rows_per_tile = 16; // params.h rows_per_tile(G · Sq)
+  int row_tiles = 0;      // tiles of packed rows (G · Sq) per KV head
+  int splits = 1;
+  std::int64_t ctas = 0;  // B · Hkv · row_tiles (before splitting)
+  int sms = 0;
+  int per_sm = 1;         // CTAs resident per SM (shared memory)
+  bool given = false;     // num_splits came from the caller
+  std::string reason() const;
+};
+
+// The split count from host-known sizes only (B, Hkv, G · Sq, the SM count and seqlen_k, which is max_seqlen_k
+// when given, else the cache's bound): no read of cache_seqlens, so a CUDA graph may capture the call.
+Plan plan(const detail::AttnParams& p);
+
+// Reasons cuda-sm80 cannot run this forward_kvcache call (appended to why).
+void can_run(const detail::AttnParams& p, int smem_optin, detail::Reasons& why);
+
+// Dispatch report fields: kernel name and detail text.
+void describe(const detail::AttnParams& p, KernelInfo& k);
+
+std::size_t workspace_bytes_of(const detail::AttnParams& p);
+
+// Runs the call on p's stream. Not capturing: reads the index check's verdict back (one 16-byte copy and a stream
+// synchronisation) and throws the CPU validation's typed error on a bad index (cache, out and lse unchanged).
+// Capturing: no read-back; a bad index leaves the cache unchanged and NaN in out and lse.
+void run(const detail::AttnParams& p, const char* backend);
+
+}  // namespace flashtile::cuda::decode

@@ -1,0 +1,300 @@
+// The decode kernel of cuda-sm80's KV-cache path (issue 14): one CTA per (row tile, split, KV head, sequence).
+//
+// Rows: the G query heads of the KV head times the Sq new tokens, packed (row r = token r / G, head r % G, the
+// CPU's RowTile packing in src/cpu/decode_plan.h), so every K and V row read from memory serves all of them; 16 or
+// 64 per tile (params.h rows_per_tile).
+// Keys: the split's part of the key tiles the rows see (core/mask.h key_tiles; tiles outside the mask are never
+// loaded), 64 keys per tile, loaded with 16-byte cp.async into a ring of kStages stages (K and V both in flight;
+// a paged cache is gathered 16 rows at a time through core/params.h kv_row(), page_size being a multiple of 16).
+// Warps: with 16 rows, each of the four warps takes 16 keys of every tile and keeps its own online softmax
+// (common/softmax.h) and output, so no cross-warp reduction runs in the mainloop; the four are merged at the end
+// as split parts are (decode/merge.h). With 64 rows, each warp owns 16 rows and sees the whole tile (the forward
+// kernel's split). Q stays in registers for the whole loop.
+#pragma once
+
+#include "common/mask.h"
+#include "common/softmax.h"
+#include "decode/merge.h"
+#include "decode/params.h"
+#include "sm80/traits.h"
+
+namespace flashtile::cuda::decode {
+
+template <class Element_, int kHeadDim_, int kRowWarps_>
+struct Traits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kWarps = kThreads / 32;
+  static constexpr int kRowWarps = kRowWarps_;          // warps along the rows: 1 (16 rows) or 4 (64 rows)
+  static constexpr int kParts = kWarps / kRowWarps;     // warps along the keys of a tile, merged at the end
+  static constexpr int kRows = 16 * kRowWarps;          // rows per tile
+  static constexpr int kPartN = kBlockN / kParts;       // keys per part per tile
+  static_assert(kHeadDim % 64 == 0 && kPartN % 16 == 0 && (kRowWarps == 1 || kRowWarps == kWarps));
+  // Bytes in flight per CTA: (kStages - 1) · 64 keys · (D + D) · 2 = 64 KB at hdim 128 (two CTAs per H200 SM);
+  // hdim 64 takes one stage more for the same bytes.
+  static constexpr int kStages = decode_stages(kHeadDim);
+  using TiledMma = TiledMMA<MmaAtomFor<Element>, Layout<Shape<Int<kRowWarps>, _1, _1>>,
+                            Tile<Int<16 * kRowWarps>, _16, _16>>;
+  using Atom = sm80::SmemAtom<Element, kHeadDim>;
+  // Row-major tiles of 8-row swizzled atoms laid along the head dim first (Step<_2, _1>): every 16-row block of a
+  // stage is the contiguous stretch [g · 16 · D, (g + 1) · 16 · D), whatever the tile's height, so the loader
+  // writes one layout and each part reads its keys from its own block.
+  template <int kR>
+  using Rows = decltype(tile_to_shape(typename Atom::Layout{}, Shape<Int<kR>, Int<kHeadDim>>{}, Step<_2, _1>{}));
+  template <int kR>
+  using RowsT = decltype(composition(Rows<kR>{}, make_layout(Shape<Int<kHeadDim>, Int<kR>>{}, GenRowMajor{})));
+  using SmemLayoutQ = Rows<kRows>;
+  using SmemLayoutK = Rows<kPartN>;
+  using SmemLayoutVt = RowsT<kPartN>;
+  using SmemLayoutVtNoSwizzle = decltype(get_nonswizzle_portion(SmemLayoutVt{}));
+  using SmemLayoutBlock = Rows<16>;  // the loader's 16-row block
+  using SmemCopyAtom = Copy_Atom<SM75_U32x4_LDSM_N, Element>;
+  using SmemCopyAtomT = Copy_Atom<SM75_U16x8_LDSM_T, Element>;
+  static constexpr int kBlockElems = 16 * kHeadDim;
+  static constexpr int kStageElems = kBlockN * kHeadDim;
+  static constexpr int kSmemQ = kRows * kHeadDim;
+  static constexpr int kSmemBytes = (kSmemQ + 2 * kStages * kStageElems) * int(sizeof(Element));
+  static_assert(kSmemBytes == decode_smem_bytes(kHeadDim, kRows));
+  // The epilogue's fp32 outputs and LSEs of the parts reuse the K/V ring.
+  static_assert(kParts * kRows * (kHeadDim + 1) * 4 <= 2 * kStages * kStageElems * int(sizeof(Element)));
+};
+
+// 16 bytes global -> shared, asynchronously; valid = false writes zeros and reads nothing.
+CUTE_DEVICE void cp_async16(void* smem, const void* gmem, bool valid) {
+  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
+}
+
+// Packed row R of KV head hk: its token and query head.
+struct PackedRow {
+  int token, head;
+};
+CUTE_DEVICE PackedRow packed_row(int R, int group, int hk) { return {R / group, hk * group + R % group}; }
+
+template <class Tr, class V>
+__global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant__ DecodeParams p) {
+  using Element = typename Tr::Element;
+  constexpr int kD = Tr::kHeadDim, kStages = Tr::kStages, kPartN = Tr::kPartN, kTileRows = Tr::kRows;
+  constexpr bool kMasked = V::kMasked, kHooks = V::kHooks;
+  extern __shared__ __align__(128) char smem_raw[];
+  Element* smem_q = reinterpret_cast<Element*>(smem_raw);
+  Element* smem_k = smem_q + Tr::kSmemQ;
+  Element* smem_v = smem_k + kStages * Tr::kStageElems;
+  const detail::AttnParams& a = p.a;
+
+  const int tidx = threadIdx.x;
+  // This thread's place in its part's MMA (the part's warps) and its part: the keys [part · kPartN, + kPartN)
+  // of every tile.
+  const int mma_idx = tidx % (32 * Tr::kRowWarps), part = tidx / (32 * Tr::kRowWarps);
+  const int rt = blockIdx.x % p.row_tiles, split = blockIdx.x / p.row_tiles;
+  const int hk = blockIdx.y, b = blockIdx.z;
+  const int group = p.group, rows_total = group * static_cast<int>(a.seqlen_q);
+  const int r0 = rt * kTileRows, nrows = min(kTileRows, rows_total - r0);
+  const int hdim = static_cast<int>(a.hdim), hdim_v = static_cast<int>(a.hdim_v);
+  Element* out = static_cast<Element*>(a.out);
+
+  if (status_bad(*p.status, a.seqlen_k)) {  // the check kernel refused an index: nothing is read
+    if (p.nan_on_bad && p.splits == 1) {
+      for (int i = tidx; i < nrows * hdim_v; i += kThreads) {
+        const PackedRow pr = packed_row(r0 + i / hdim_v, group, hk);
+        out[b * a.out_stride.batch + pr.token * a.out_stride.row + pr.head * a.out_stride.head + i % hdim_v] =
+            Element(NAN);
+        if (i % hdim_v == 0 && a.lse != nullptr)
+          a.lse[b * a.lse_stride.batch + pr.head * a.lse_stride.head + pr.token * a.lse_stride.row] = NAN;
+      }
+    }
+    return;
+  }
+
+  const detail::SeqInfo seq = detail::sequence(a, b);
+  const int sk = static_cast<int>(seq.seqlen_k);
+  const detail::MaskPolicy pol = detail::MaskPolicy::make(a, seq);
+  const int t0 = r0 / group, t1 = (r0 + nrows - 1) / group + 1;  // the tile's tokens
+  const detail::Range tiles = pol.key_tiles(t0, t1 - t0, kBlockN);
+  const int per_split = static_cast<int>((tiles.size() + p.splits - 1) / p.splits);
+  const int it_begin = static_cast<int>(tiles.begin) + split * per_split;
+  const int it_end = min(it_begin + per_split, static_cast<int>(tiles.end));
+
+  const Element* k_head = static_cast<const Element*>(a.k) + hk * a.k_stride.head;
+  const Element* v_head = static_cast<const Element*>(a.v) + hk * a.v_stride.head;
+  const typename Tr::SmemLayoutBlock block_layout{};
+
+  // Q: the tile's packed rows (zero past the last row and past hdim).
+  constexpr int kChunks = kD / 8;  // 16-byte chunks per row
+  for (int i = tidx; i < kTileRows * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks * 8;
+    const bool ok = r < nrows && c < hdim;
+    const Element* src = static_cast<const Element*>(a.q);
+    if (ok) {
+      const PackedRow pr = packed_row(r0 + r, group, hk);
+      src += b * a.q_stride.batch + pr.token * a.q_stride.row + pr.head * a.q_stride.head + c;
+    }
+    cp_async16(smem_q + r / 16 * Tr::kBlockElems + block_layout(r % 16, c), src, ok);
+  }
+  cp_async_fence();
+
+  // K and V of key tile n into ring stage `stage`: 16-row groups, one kv_row() per group.
+  auto load_kv = [&](int n, int stage) {
+    constexpr int kRowsPerPass = kThreads / kChunks;
+    const int c = tidx % kChunks * 8, rr = tidx / kChunks;
+    Element* sk_stage = smem_k + stage * Tr::kStageElems;
+    Element* sv_stage = smem_v + stage * Tr::kStageElems;
+    CUTE_UNROLL
+    for (int g = 0; g < kBlockN / 16; ++g) {
+      const int j0 = n * kBlockN + 16 * g;
+      detail::KvRow base{0, 0};
+      if (j0 < sk) base = detail::kv_row(a, b, j0);
+      CUTE_UNROLL
+      for (int q = 0; q < 16 / kRowsPerPass; ++q) {
+        const int r = q * kRowsPerPass + rr;
+        const bool row_ok = j0 + r < sk;
+        const int so = g * Tr::kBlockElems + block_layout(r, c);
+        cp_async16(sk_stage + so, row_ok ? k_head + base.k + r * a.k_stride.row + c : k_head, row_ok && c < hdim);
+        cp_async16(sv_stage + so, row_ok ? v_head + base.v + r * a.v_stride.row + c : v_head, row_ok && c < hdim_v);
+      }
+    }
+  };
+  CUTE_UNROLL
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (it_begin + s < it_end) load_kv(it_begin + s, s);
+    cp_async_fence();  // one group per stage, empty or not, so that the wait counts below hold
+  }
+
+  typename Tr::TiledMma mma;
+  auto thr_mma = mma.get_thread_slice(mma_idx);
+  Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename Tr::SmemLayoutQ{});
+  Tensor tSrQ = thr_mma.partition_fragment_A(sQ);
+  Tensor tSrK = thr_mma.partition_fragment_B(make_tensor(make_smem_ptr(smem_k), typename Tr::SmemLayoutK{}));
+  Tensor tOrVt = thr_mma.partition_fragment_B(
+      make_tensor(make_smem_ptr(smem_v), typename Tr::SmemLayoutVtNoSwizzle{}));
+  Tensor acc_o = partition_fragment_C(mma, Shape<Int<kTileRows>, Int<kD>>{});
+  clear(acc_o);
+  Tensor acc_o_rc = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));
+  auto copy_q = make_tiled_copy_A(typename Tr::SmemCopyAtom{}, mma);
+  auto copy_k = make_tiled_copy_B(typename Tr::SmemCopyAtom{}, mma);
+  auto copy_v = make_tiled_copy_B(typename Tr::SmemCopyAtomT{}, mma);
+  auto thr_copy_k = copy_k.get_thread_slice(mma_idx);
+  auto thr_copy_v = copy_v.get_thread_slice(mma_idx);
+
+  Tensor tScS = thr_mma.partition_C(make_identity_tensor(Shape<Int<kTileRows>, Int<kPartN>>{}));
+  Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
+  constexpr int kRows = decltype(size<0>(acc_rowcol(acc_o.layout())))::value;  // 2 rows per thread
+
+  // Per thread row: its visible keys, score hook (ALiBi's slope is per query head) and sink. Rows past the
+  // tile's last see no key.
+  const float mult = kHooks ? 1.4426950408889634f : p.scale_log2;
+  const float score_scale = kHooks ? 1.f : a.softmax_scale;
+  RowKeys<kRows> keys;
+  TileHook hooks[kRows];
+  int tokens[kRows];
+  OnlineSoftmax<kRows> softmax(-INFINITY, score_scale);
+  CUTE_UNROLL
+  for (int mi = 0; mi < kRows; ++mi) {
+    const int r = get<0>(tScS_rc(mi, 0));
+    const bool real = r < nrows;
+    const PackedRow pr = packed_row(r0 + (real ? r : 0), group, hk);
+    tokens[mi] = pr.token;
+    if (real) {
+      row_keys<kMasked>(pol, sk, pr.token, keys.lo[mi], keys.hi[mi]);
+    } else {
+      keys.lo[mi] = keys.hi[mi] = 0;
+    }
+    if constexpr (kHooks) hooks[mi] = TileHook::make(detail::ScoreHook::make(a, seq, b, pr.head));
+    // The sink is one more term of the row's softmax: counted by part 0 of split 0 only, so the merges count
+    // it once.
+    if (real && part == 0 && split == 0) {
+      const OnlineSoftmax<1> one(detail::sink_logit(a, pr.head), score_scale);
+      softmax.row_max[mi] = one.row_max[0];
+      softmax.row_sum[mi] = one.row_sum[0];
+    }
+  }
+
+  // Q into registers once (its cp.async group is the oldest).
+  cp_async_wait<kStages - 1>();
+  __syncthreads();
+  {
+    auto thr_copy_q = copy_q.get_thread_slice(mma_idx);
+    Tensor tSsQ = thr_copy_q.partition_S(sQ);
+    Tensor tSrQ_v = thr_copy_q.retile_D(tSrQ);
+    copy(copy_q, tSsQ, tSrQ_v);
+  }
+
+  for (int it = it_begin; it < it_end; ++it) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // tile `it` landed; every warp is done with the stage the next load overwrites
+    const int stage = (it - it_begin) % kStages;
+    if (it + kStages - 1 < it_end) load_kv(it + kStages - 1, (it + kStages - 1 - it_begin) % kStages);
+    cp_async_fence();
+
+    const int n0 = it * kBlockN, nw = n0 + part * kPartN;
+    const int at = stage * Tr::kStageElems + part * kPartN * kD;
+    Tensor sK = make_tensor(make_smem_ptr(smem_k + at), typename Tr::SmemLayoutK{});
+    Tensor sVt = make_tensor(make_smem_ptr(smem_v + at), typename Tr::SmemLayoutVt{});
+    Tensor acc_s = partition_fragment_C(mma, Shape<Int<kTileRows>, Int<kPartN>>{});
+    clear(acc_s);
+    gemm_rs(acc_s, tSrQ, tSrK, thr_copy_k.partition_S(sK), mma, copy_k, mma_idx);
+    Tensor s_rc = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
+    if constexpr (kHooks) {
+      CUTE_UNROLL
+      for (int mi = 0; mi < kRows; ++mi) {
+        CUTE_UNROLL
+        for (int ni = 0; ni < size<1>(s_rc); ++ni) {
+          const int j = nw + get<1>(tScS_rc(mi, ni));
+          float unused;
+          s_rc(mi, ni) = hooks[mi].template apply<AnyHook>(
+              s_rc(mi, ni), static_cast<float>(tokens[mi] + hooks[mi].shift - j), unused);
+        }
+      }
+    }
+    // Element masking on boundary tiles only (the sequence's key tail, the mask's edges); uniform per CTA.
+    // (Rows past the tile's last are never written: their scores need no mask.)
+    const bool boundary =
+        n0 + kBlockN > sk || (kMasked && pol.tile(t0, t1 - t0, n0, kBlockN) != detail::TileMask::full);
+    if (boundary) keys.apply(s_rc, tScS_rc, nw, -INFINITY);
+    softmax.template update<false>(s_rc, acc_o_rc, mult);
+    Tensor rP = convert_to<Element>(acc_s);
+    Tensor tOrP = make_tensor(rP.data(), acc_as_a(rP.layout()));
+    gemm_rs(acc_o, tOrP, tOrVt, thr_copy_v.partition_S(sVt), mma, copy_v, mma_idx);
+  }
+
+  // Epilogue: each part's normalised O and LSE through shared memory (the ring is free after the waits), merged
+  // over the parts; written to out / lse, or as this split's part to the workspace.
+  cp_async_wait<0>();
+  __syncthreads();
+  float lse[kRows];
+  softmax.finalize(acc_o_rc, score_scale, lse);
+  constexpr int kParts = Tr::kParts;
+  float* so = reinterpret_cast<float*>(smem_k);  // [parts][rows][kD]
+  float* sl = so + kParts * kTileRows * kD;      // [parts][rows]
+  Tensor tOcO = thr_mma.partition_C(make_identity_tensor(Shape<Int<kTileRows>, Int<kD>>{}));
+  Tensor tOcO_rc = make_tensor(tOcO.data(), acc_rowcol(tOcO.layout()));
+  CUTE_UNROLL
+  for (int mi = 0; mi < kRows; ++mi) {
+    const int r = get<0>(tOcO_rc(mi, 0));
+    CUTE_UNROLL
+    for (int di = 0; di < size<1>(acc_o_rc); ++di)
+      so[(part * kTileRows + r) * kD + get<1>(tOcO_rc(mi, di))] = acc_o_rc(mi, di);
+    if (tidx % 4 == 0) sl[part * kTileRows + r] = lse[mi];
+  }
+  __syncthreads();
+  const std::int64_t part_rows = a.batch * a.heads_q * a.seqlen_q;
+  for (int i = tidx; i < nrows * hdim_v; i += kThreads) {
+    const int r = i / hdim_v, c = i % hdim_v;
+    const float l = merged_lse([&](int w) { return sl[w * kTileRows + r]; }, kParts);
+    float o = 0.f;
+    CUTE_UNROLL
+    for (int w = 0; w < kParts; ++w) o += part_weight(sl[w * kTileRows + r], l) * so[(w * kTileRows + r) * kD + c];
+    const PackedRow pr = packed_row(r0 + r, group, hk);
+    if (p.splits == 1) {
+      out[b * a.out_stride.batch + pr.token * a.out_stride.row + pr.head * a.out_stride.head + c] = Element(o);
+      if (c == 0 && a.lse != nullptr)
+        a.lse[b * a.lse_stride.batch + pr.head * a.lse_stride.head + pr.token * a.lse_stride.row] = l;
+    } else {
+      const std::int64_t row = split * part_rows + (b * a.heads_q + pr.head) * a.seqlen_q + pr.token;
+      p.o_part[row * hdim_v + c] = o;
+      if (c == 0) p.lse_part[row] = l;
+    }
+  }
+}
+
+}  // namespace flashtile::cuda::decode

@@ -1,0 +1,23 @@
+// Host-side launchers of the decode path (no CuTe: kernel_switch.cu and the generated instances include it).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "decode/params.h"
+
+namespace flashtile::cuda {
+template <bool kMasked, bool kHooks>
+struct Variant;
+}  // namespace flashtile::cuda
+
+namespace flashtile::cuda::decode {
+
+// Resets the status, runs the device-side index check, then the append (which does nothing on a bad status).
+cudaError_t run_check_append(const DecodeParams& p, cudaStream_t stream);  // aux.cu
+// Merges the splits' parts into out / lse (splits > 1).
+cudaError_t run_combine(bool fp16, const DecodeParams& p, cudaStream_t stream);  // aux.cu
+// The decode kernel (decode/kernel.h); explicit instantiations in src/cuda/instances/decode_*.cu.
+template <class Element, int kHeadDim, class V>
+cudaError_t run_decode(const DecodeParams& p, cudaStream_t stream);
+
+}  // namespace flashtile::cuda::decode

@@ -1,0 +1,83 @@
+// The KV-cache decode path of cuda-sm80 (issue 14): what the host hands its kernels, without CuTe so that
+// backend.cpp includes it. The call's AttnParams travel whole inside FwdParams (common/params.h); sequence(),
+// kv_row(), MaskPolicy and ScoreHook (core/) stay the rules the kernels ask.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/params.h"
+
+namespace flashtile::cuda::decode {
+
+// Packed query rows per CTA: 16 (one m16 MMA row block; the four warps split each key tile) while the G · Sq
+// rows of a KV head fit, else 64 (the four warps split the rows, as the forward kernel's do), so that
+// speculative decoding (Sq = 16, G = 4) still reads each K and V row once. Keys per pipeline stage: 64.
+inline constexpr int kRowsPerTile = 16;
+inline constexpr int kRowsPerTileTall = 64;
+inline constexpr int kBlockN = 64;
+constexpr int rows_per_tile(std::int64_t packed_rows) {
+  return packed_rows > kRowsPerTile ? kRowsPerTileTall : kRowsPerTile;
+}
+inline constexpr int kThreads = 128;
+// Head-dim buckets with a decode kernel (scripts/generate_cuda_instances.py DECODE_HDIMS).
+inline constexpr int kDecodeBuckets[] = {64, 128};
+inline constexpr int kMaxSplits = 128;
+
+// The decode bucket of head dim d = max(D, Dv): the smallest that holds it (columns past d are zero-filled), or 0.
+constexpr int decode_bucket(std::int64_t d) {
+  for (int b : kDecodeBuckets)
+    if (d <= b) return b;
+  return 0;
+}
+// Ring stages of K and V (decode/kernel.h Traits, which asserts the shared-memory size against this).
+constexpr int decode_stages(int bucket) { return bucket <= 64 ? 4 : 3; }
+constexpr int decode_smem_bytes(int bucket, int rows) {
+  return (rows * bucket + 2 * decode_stages(bucket) * kBlockN * bucket) * 2;
+}
+
+// The device-side index check's verdict, in the workspace's first bytes. The host sets every byte to 0xff
+// (cudaMemsetAsync) and the check kernel lowers first_bad (atomicMin) to the first bad index in the CPU
+// validation's order (sequence b, then its cache_seqlens before its block-table entries t) and raises longest
+// (atomicMax) to the longest L_b. Good: first_bad = ~0 and longest <= seqlen_k (the max_seqlen_k bound).
+enum Code : unsigned {
+  kSeqlenNegative = 1,  // cache_seqlens[b] < 0
+  kSeqlenTooLong = 2,   // cache_seqlens[b] + Snew > the cache's rows
+  kPageOutOfRange = 3,  // block_table[b][t] outside [0, num_pages)
+  kSlotOutOfRange = 4,  // cache_batch_idx[b] outside [0, slots)
+};
+struct Status {
+  unsigned long long first_bad;  // b << 35 | t << 3 | code
+  int longest;
+  int unused;
+};
+FT_HOST_DEVICE unsigned long long bad_key(std::int64_t b, std::int64_t t, unsigned code) {
+  return static_cast<unsigned long long>(b) << 35 | static_cast<unsigned long long>(t) << 3 | code;
+}
+FT_HOST_DEVICE bool status_bad(const Status& s, std::int64_t bound) {
+  return s.first_bad != ~0ull || s.longest > bound;
+}
+
+struct DecodeParams : FwdParams {
+  Status* status = nullptr;   // workspace: the check kernel's verdict; append and decode do nothing when bad
+  float* o_part = nullptr;    // workspace, splits > 1: [splits, B, Hq, Sq, Dv] fp32, normalised per split
+  float* lse_part = nullptr;  // workspace, splits > 1: [splits, B, Hq, Sq] fp32 (natural log)
+  int splits = 1;
+  int rows_per_tile = kRowsPerTile;  // rows_per_tile(G · Sq)
+  int row_tiles = 1;          // ceil(G · Sq / rows_per_tile) per KV head
+  std::int64_t num_slots = 0; // pages (paged) or cache slots (contiguous); 0 = unknown to the host (not checked)
+  bool nan_on_bad = false;    // stream capturing: a bad status leaves NaN in out / lse (no host read-back)
+};
+
+// Workspace layout: Status (256 bytes), then o_part and lse_part when splits > 1 (each 256-byte aligned).
+inline std::size_t workspace_bytes(const detail::AttnParams& p, int splits) {
+  auto round = [](std::size_t x) { return (x + 255) / 256 * 256; };
+  std::size_t bytes = 256;
+  if (splits > 1) {
+    const auto rows = static_cast<std::size_t>(splits) * static_cast<std::size_t>(p.batch * p.heads_q * p.seqlen_q);
+    bytes += round(rows * static_cast<std::size_t>(p.hdim_v) * 4) + round(rows * 4);
+  }
+  return bytes;
+}
+
+}  // namespace flashtile::cuda::decode
