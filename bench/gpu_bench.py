@@ -54,7 +54,7 @@ class FlashTile:
         self.lib.ft_backward.argtypes = [p] * 9 + [ctypes.c_int, ctypes.c_int, ctypes.c_double, ctypes.c_int,
                                                    ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
                                                    ctypes.c_int]
-        self.lib.ft_forward_kvcache.argtypes = [p] * 10 + [ctypes.c_int] * 3 + [ctypes.c_double, ctypes.c_int,
+        self.lib.ft_forward_kvcache.argtypes = [p] * 10 + [ctypes.c_int] * 4 + [ctypes.c_double, ctypes.c_int,
                                                                           ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p,
                                                                           ctypes.c_char_p, ctypes.c_int]
         self.msg = ctypes.create_string_buffer(4096)
@@ -83,13 +83,14 @@ class FlashTile:
 
 
     def forward_kvcache(self, q, k_cache, v_cache, out, cache_seqlens=None, block_table=None, k_new=None, v_new=None,
-                        lse=None, num_splits=0, causal=False, scale=None, backend="auto", strict=False):
+                        lse=None, num_splits=0, causal=False, scale=None, backend="auto", strict=False,
+                        async_index_check=False):
         """flashtile::forward_kvcache through ft_forward_kvcache; None = absent."""
         opt = lambda x: None if x is None else ctypes.byref(ft_tensor(x))
         rc = self.lib.ft_forward_kvcache(ctypes.byref(ft_tensor(q)), ctypes.byref(ft_tensor(k_cache)),
                                          ctypes.byref(ft_tensor(v_cache)), opt(k_new), opt(v_new), opt(cache_seqlens),
                                          opt(block_table), None, ctypes.byref(ft_tensor(out)), opt(lse), num_splits,
-                                         _DTYPES[q.dtype], self._dev(q), math.nan if scale is None else scale,
+                                         int(async_index_check), _DTYPES[q.dtype], self._dev(q), math.nan if scale is None else scale,
                                          int(causal), backend.encode(), int(strict), None, self.msg, len(self.msg))
         if rc != 0:
             raise RuntimeError(f"ft_forward_kvcache failed ({rc}): {self.msg.value.decode()}")

@@ -10,7 +10,10 @@
 #   FT_BUILD=build/gpu     build directory
 #   FT_PYTHON=auto         build + pip install the Python package (auto: when python/ and pyproject.toml exist)
 #   FT_PY_KERNELS          the package's kernel subset (default: FT_KERNELS); step `pytest` runs tests/python
-#   FT_STEPS="tests parity sanitize bench"   which steps to run (also: pytest, variants, profile, breakdown, cpu)
+#   FT_STEPS="tests parity sanitize bench"   which steps to run (also: pytest, variants, profile, breakdown, cpu,
+#                          decode, pipes)
+#                          decode: bench/gpu_decode.py (the KV-cache cells against torch; FT_DECODE_ARGS)
+#                          pipes: bench/ncu_pipes.py (tensor-pipe and issue-slot use beside cuDNN; FT_PIPES_ARGS)
 #                          variants: bench/gpu_variants.py (FT_VARIANTS_ARGS) after the package is installed
 #                          cpu: scripts/cpu_remote.sh run (CPU tests per ISA + CPU benchmark, from binaries
 #                          carried in .carry/cpu; runs first, before the build loads the cores)
@@ -127,11 +130,12 @@ fi
 if has_step sanitize; then
   if command -v compute-sanitizer >/dev/null; then
     t0=$(date +%s)
-    timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 "$TESTBIN" --gtest_filter='Small/*:GpuDispatch.*:*GpuSemantics*:Variants/*_d64*' \
+    timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 "$TESTBIN" --gtest_filter='Small/*:GpuDispatch.*:*GpuSemantics*:Variants/*_d64*:Cases/GpuKvCache.*Grid*:GpuKvCacheRefusal.*:GpuKvCacheGraph.*' \
       --gtest_brief=1 > "$OUT/sanitizer.log" 2>&1
     note "MEMCHECK: rc=$? $(grep -m1 'ERROR SUMMARY' "$OUT/sanitizer.log") $(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$OUT/sanitizer.log" | tr '\n' ' ')"
     timeout 180 compute-sanitizer --tool racecheck --error-exitcode 3 "$TESTBIN" \
-      --gtest_filter='Small/*q17_k65*:Small/*q130_k130*d64*' --gtest_brief=1 >> "$OUT/sanitizer.log" 2>&1
+      --gtest_filter='Small/*q17_k65*:Small/*q130_k130*d64*:Cases/GpuKvCache.*Grid0_*:Cases/GpuKvCache.*Grid3_*' \
+      --gtest_brief=1 >> "$OUT/sanitizer.log" 2>&1
     note "RACECHECK: rc=$? $(grep 'RACECHECK SUMMARY\|ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1) ($(( $(date +%s) - t0 )) s)"
     # cuda-sm90, forward and backward
     FT_GPU_BACKEND=cuda-sm90 timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 "$TESTBIN" \
@@ -186,6 +190,23 @@ if has_step variants; then  # issue 12's cells against FlexAttention and SDPA fl
     --json "$OUT/variants.json" --md "$OUT/variants.md") > "$OUT/variants.log" 2>&1
   note "VARIANTS: rc=$? ($(( $(date +%s) - t0 )) s)"
   [[ -f $OUT/variants.md ]] && tail -n +3 "$OUT/variants.md" | tee -a "$SUMMARY"
+fi
+
+if has_step decode; then  # issue 14's decode cells: GB/s of K+V read against torch flash, efficient and cuDNN
+  t0=$(date +%s)
+  timeout ${FT_DECODE_TIMEOUT:-240} python3 bench/gpu_decode.py --lib "$CAPI" --out "$OUT/gpu_decode" ${FT_DECODE_ARGS:-} \
+    > "$OUT/decode.log" 2>&1
+  note "DECODE: rc=$? ($(( $(date +%s) - t0 )) s)"
+  [[ -f $OUT/gpu_decode.md ]] && grep '^| ' "$OUT/gpu_decode.md" | cut -d'|' -f2-9,12-14 | tee -a "$SUMMARY" > /dev/null
+fi
+
+if has_step pipes; then  # ncu counters of FlashTile's Hopper kernels beside cuDNN's on one shape
+  t0=$(date +%s)
+  for c in "" "--causal"; do
+    timeout ${FT_PIPES_TIMEOUT:-150} python3 bench/ncu_pipes.py --lib "$CAPI" ${FT_PIPES_ARGS:---hdim 128 --seqlen 8192} $c \
+      >> "$OUT/pipes.log" 2>&1
+  done
+  note "PIPES: rc=$? ($(( $(date +%s) - t0 )) s)"; cut -c1-140 "$OUT/pipes.log" | tee -a "$SUMMARY" > /dev/null
 fi
 
 if has_step bench; then

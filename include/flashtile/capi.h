@@ -96,11 +96,13 @@ FT_CAPI_EXPORT int ft_backward_ex(const ft_tensor* q, const ft_tensor* k, const 
  * (k_cache [B_cache, capacity, Hkv, D]) or paged (block_table given: [num_pages, page_size, Hkv, D]), after appending
  * k_new / v_new [B, Snew, Hkv, D] at cache_seqlens [B] (int32) in place. NULL = absent for k_new, v_new,
  * cache_seqlens, block_table (int32 [B, max_pages]), cache_batch_idx (int32 [B]) and lse. num_splits: 0 = automatic.
+ * async_index_check: KVCache::async_index_check (CUDA: 1 = do not wait for the device-side index check).
  * variants: window, softcap, alibi_slopes, sinks and max_seqlen_k apply (the varlen fields are refused). */
 FT_CAPI_EXPORT int ft_forward_kvcache(const ft_tensor* q, const ft_tensor* k_cache, const ft_tensor* v_cache,
                                       const ft_tensor* k_new, const ft_tensor* v_new, const ft_tensor* cache_seqlens,
                                       const ft_tensor* block_table, const ft_tensor* cache_batch_idx,
-                                      const ft_tensor* out, const ft_tensor* lse, int num_splits, int dtype, int device,
+                                      const ft_tensor* out, const ft_tensor* lse, int num_splits,
+                                      int async_index_check, int dtype, int device,
                                       double scale, int causal, const char* backend, int strict,
                                       const ft_variants* variants, char* msg, int msg_len);
 

@@ -35,6 +35,12 @@ struct KVCache {
   // Split-KV: the keys of each sequence are cut into this many parts computed in parallel and merged (as
   // merge_attention_states does); 0 lets the backend choose from its core / SM count, B·Hkv and the lengths.
   int num_splits = 0;
+  // CUDA: the index values (cache_seqlens, block_table, cache_batch_idx) live on the device, so a bad one is found
+  // by a check kernel. false: the call waits for its verdict (a 16-byte copy and a synchronisation of the stream)
+  // and throws the typed error. true: no synchronisation, for eager decode loops on the hot path; a bad index
+  // then leaves the cache unchanged and NaN in out and lse, as it always does under CUDA-graph capture. The CPU
+  // reads the values on the host and ignores this.
+  bool async_index_check = false;
 };
 
 // out = attention of q over the (appended) cache; lse = log Σ exp(scores) per query row when given.

@@ -203,7 +203,7 @@ int ft_backward_ex(const ft_tensor* q, const ft_tensor* k, const ft_tensor* v, c
 int ft_forward_kvcache(const ft_tensor* q, const ft_tensor* k_cache, const ft_tensor* v_cache, const ft_tensor* k_new,
                        const ft_tensor* v_new, const ft_tensor* cache_seqlens, const ft_tensor* block_table,
                        const ft_tensor* cache_batch_idx, const ft_tensor* out, const ft_tensor* lse, int num_splits,
-                       int dtype, int device, double scale, int causal, const char* backend, int strict,
+                       int async_index_check, int dtype, int device, double scale, int causal, const char* backend, int strict,
                        const ft_variants* variants, char* msg, int msg_len) {
   return guarded(msg, msg_len, [&] {
     const flashtile::DType t = checked_dtype(dtype);
@@ -222,6 +222,7 @@ int ft_forward_kvcache(const ft_tensor* q, const ft_tensor* k_cache, const ft_te
     c.block_table = optional("block_table", block_table, DType::int32);
     c.cache_batch_idx = optional("cache_batch_idx", cache_batch_idx, DType::int32);
     c.num_splits = num_splits;
+    c.async_index_check = async_index_check != 0;
     return flashtile::forward_kvcache(view("q", q, t, device), c, view("out", out, t, device),
                                       optional("lse", lse, DType::float32), o);
   });

@@ -96,6 +96,8 @@ struct AttnParams {
   const std::int32_t* page_table = nullptr;      // [B, max_pages]; null: contiguous
   std::int64_t page_table_batch_stride = 0;
   std::int64_t page_size = 0, max_pages = 0, capacity = 0;  // capacity: rows per slot (contiguous)
+  std::int64_t cache_slots = 0;  // k_cache's first extent: pages (paged) or slots (contiguous), for index checks
+  bool async_index_check = false;  // KVCache::async_index_check
   const void* k_new = nullptr;
   const void* v_new = nullptr;
   Strides k_new_stride, v_new_stride;

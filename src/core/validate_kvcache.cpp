@@ -269,6 +269,8 @@ AttnParams validate_kvcache(const TensorView& q, const KVCache& cache, const Ten
     p.lse_stride = lse_of(lse);
   }
   p.seqlen_k = paged ? p.max_pages * p.page_size : p.capacity;  // every sequence's bound
+  p.cache_slots = slots;
+  p.async_index_check = cache.async_index_check;
   p.total_q = p.batch * p.seqlen_q;
   if (q.device == Device::cpu) {
     for (const auto& [name, t] : {std::pair{"cache_seqlens", &cache.cache_seqlens}, std::pair{"block_table", &cache.block_table},

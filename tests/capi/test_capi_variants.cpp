@@ -324,7 +324,7 @@ TEST(CApiKvCache, MatchesTheCppCallAndRefusesBeforeWriting) {
   var.window_right = 0;
   var.sinks = &fs;
   char msg[2048];
-  int rc = ft_forward_kvcache(&fq, &fkc, &fvc, &fkn, &fvn, &flens, &ftab, nullptr, &fo, &fl, 2, FT_DTYPE_FLOAT32,
+  int rc = ft_forward_kvcache(&fq, &fkc, &fvc, &fkn, &fvn, &flens, &ftab, nullptr, &fo, &fl, 2, 0, FT_DTYPE_FLOAT32,
                               FT_DEVICE_HOST, kDefaultScale, 0, nullptr, 0, &var, msg, sizeof msg);
   ASSERT_EQ(rc, FT_OK) << msg;
   EXPECT_NE(std::string(msg).find("cpu_flash_decode"), std::string::npos) << msg;
@@ -335,7 +335,7 @@ TEST(CApiKvCache, MatchesTheCppCallAndRefusesBeforeWriting) {
 
   lens.set(0, 32);  // 32 + 1 keys do not fit in two pages of 16
   const auto k1 = kc.to_double();
-  rc = ft_forward_kvcache(&fq, &fkc, &fvc, &fkn, &fvn, &flens, &ftab, nullptr, &fo, &fl, 0, FT_DTYPE_FLOAT32,
+  rc = ft_forward_kvcache(&fq, &fkc, &fvc, &fkn, &fvn, &flens, &ftab, nullptr, &fo, &fl, 0, 0, FT_DTYPE_FLOAT32,
                           FT_DEVICE_HOST, kDefaultScale, 0, nullptr, 0, nullptr, msg, sizeof msg);
   EXPECT_EQ(rc, FT_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(msg).find("cache_seqlens[0] = 32"), std::string::npos) << msg;

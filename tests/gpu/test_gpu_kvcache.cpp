@@ -109,8 +109,10 @@ struct DevCall {
     o.strict = true;
     return o;
   }
-  flashtile::DispatchReport run(int splits, const flashtile::Options& o) const {
-    return flashtile::forward_kvcache(q->view(), cache(splits), out->view(), lse->view(), o);
+  flashtile::DispatchReport run(int splits, const flashtile::Options& o, bool async_check = false) const {
+    flashtile::KVCache kv = cache(splits);
+    kv.async_index_check = async_check;
+    return flashtile::forward_kvcache(q->view(), kv, out->view(), lse->view(), o);
   }
   // The reason when this build holds no decode kernel for the call (FLASHTILE_CUDA_KERNELS subsets), else empty.
   std::string not_built(int splits, flashtile::Options o) const {
@@ -247,7 +249,10 @@ TEST(GpuKvCacheRefusal, BadDeviceIndicesLeaveEverythingUnchanged) {
       {"cache_seqlens[1] = -3 is negative", true, [](Cache& c) { c.seqlens->set(1, -3); }},
       {"cache_seqlens[2] = 100000 plus 1 new keys exceeds", true, [](Cache& c) { c.seqlens->set(2, 100000); }},
       {"block_table[1][0] = -1 is outside", true, [](Cache& c) { c.table->set(c.table->view().shape[1], -1); }},
+      {"block_table[1][0] = 1000000 is outside", true,
+       [](Cache& c) { c.table->set(c.table->view().shape[1], 1000000); }},
       {"cache_batch_idx[2] = -5 is outside", false, [](Cache& c) { c.slots->set(2, -5); }},
+      {"cache_batch_idx[0] = 1000 is outside", false, [](Cache& c) { c.slots->set(0, 1000); }},
       {"max_seqlen_k: 500 is smaller than the longest sequence's 700", true, [](Cache&) {}, 500},
   };
   for (const Bad& b : bad) {
@@ -278,6 +283,15 @@ TEST(GpuKvCacheRefusal, BadDeviceIndicesLeaveEverythingUnchanged) {
     EXPECT_TRUE(ft_test::same_contents(cache.v->to_double(), v_before)) << "v_cache";
     for (double x : p.out->to_double()) ASSERT_EQ(x, 0.0) << "out was written";
     for (double x : p.lse->to_double()) ASSERT_EQ(x, 0.0) << "lse was written";
+
+    // async_index_check: no wait for the verdict, so no error; the cache is still unchanged and out, lse are NaN.
+    EXPECT_NO_THROW(d.run(0, o, true));
+    FT_CUDA_OK(cudaDeviceSynchronize());
+    d.download(p, cache);
+    EXPECT_TRUE(ft_test::same_contents(cache.k->to_double(), k_before)) << "k_cache (async check)";
+    EXPECT_TRUE(ft_test::same_contents(cache.v->to_double(), v_before)) << "v_cache (async check)";
+    for (double x : p.out->to_double()) ASSERT_TRUE(std::isnan(x)) << "out (async check) not NaN";
+    for (double x : p.lse->to_double()) ASSERT_TRUE(std::isnan(x)) << "lse (async check) not NaN";
   }
 }
 

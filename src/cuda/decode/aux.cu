@@ -38,11 +38,11 @@ __global__ void check_kernel(const __grid_constant__ DecodeParams p) {
     if (paged) {
       if (t * a.page_size >= len) continue;  // a column the sequence does not reach is never read
       const std::int32_t page = a.page_table[b * a.page_table_batch_stride + t];
-      if (page < 0 || (p.num_slots > 0 && page >= p.num_slots))
+      if (page < 0 || page >= p.num_slots)
         atomicMin(&p.status->first_bad, bad_key(b, t, kPageOutOfRange));
     } else if (a.cache_batch_idx != nullptr) {
       const std::int32_t slot = a.cache_batch_idx[b];
-      if (slot < 0 || (p.num_slots > 0 && slot >= p.num_slots))
+      if (slot < 0 || slot >= p.num_slots)
         atomicMin(&p.status->first_bad, bad_key(b, 0, kSlotOutOfRange));
     }
   }
@@ -86,7 +86,7 @@ __global__ void combine_kernel(const __grid_constant__ DecodeParams p) {
   Element* out = static_cast<Element*>(a.out) + b * a.out_stride.batch + t * a.out_stride.row + h * a.out_stride.head;
   float* lse = a.lse != nullptr ? a.lse + b * a.lse_stride.batch + h * a.lse_stride.head + t * a.lse_stride.row
                                 : nullptr;
-  if (status_bad(*p.status, a.seqlen_k)) {  // only under capture: outside it the host refuses and out stays
+  if (status_bad(*p.status, a.seqlen_k)) {  // nan_on_bad: capturing or async_index_check; else the host refuses
     if (!p.nan_on_bad) return;
     for (int c = lane; c < dv; c += 32) out[c] = Element(NAN);
     if (lane == 0 && lse != nullptr) *lse = NAN;

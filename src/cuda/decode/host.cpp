@@ -179,7 +179,8 @@ void describe(const AttnParams& p, KernelInfo& k) {
     << decode_smem_bytes(d.bucket, d.rows_per_tile)
     << "B splits=" << d.splits << " (" << d.reason() << ")" << (d.splits > 1 ? " + combine kernel" : "")
     << (p.page_table != nullptr ? " paged: page_size=" + std::to_string(p.page_size) : std::string(" contiguous"))
-    << " index check: device-side, read back when the stream is not capturing";
+    << (p.async_index_check ? " index check: device-side, not waited for (async_index_check)"
+                            : " index check: device-side, read back when the stream is not capturing");
   k.detail = s.str();
 }
 
@@ -195,8 +196,8 @@ void run(const AttnParams& p, const char* backend) {
   k.splits = d.splits;
   k.row_tiles = d.row_tiles;
   k.rows_per_tile = d.rows_per_tile;
-  k.num_slots = 0;  // not in AttnParams yet: only negative pages and slots are refused on the device
-  k.nan_on_bad = capture != cudaStreamCaptureStatusNone;
+  k.num_slots = p.cache_slots;
+  k.nan_on_bad = capture != cudaStreamCaptureStatusNone || p.async_index_check;
   const std::size_t bytes = workspace_bytes(p, d.splits);
   Workspace ws(p, bytes, stream, backend);
   char* base = ws.data();

@@ -65,8 +65,8 @@ struct DecodeParams : FwdParams {
   int splits = 1;
   int rows_per_tile = kRowsPerTile;  // rows_per_tile(G · Sq)
   int row_tiles = 1;          // ceil(G · Sq / rows_per_tile) per KV head
-  std::int64_t num_slots = 0; // pages (paged) or cache slots (contiguous); 0 = unknown to the host (not checked)
-  bool nan_on_bad = false;    // stream capturing: a bad status leaves NaN in out / lse (no host read-back)
+  std::int64_t num_slots = 0; // pages (paged) or cache slots (contiguous): AttnParams::cache_slots
+  bool nan_on_bad = false;    // capturing or async_index_check: a bad status leaves NaN in out / lse (no read-back)
 };
 
 // Workspace layout: Status (256 bytes), then o_part and lse_part when splits > 1 (each 256-byte aligned).
