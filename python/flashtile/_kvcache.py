@@ -33,17 +33,20 @@ class KVCall(NamedTuple):
     backend: str = "auto"
     strict: bool = False
     num_threads: int = 0
+    async_index_check: bool = False
 
     def variants(self, alibi_slopes, sinks):
-        """The tuple flashtile._core.forward_kvcache takes for the variants."""
-        return (self.window_left, self.window_right, self.softcap, alibi_slopes, sinks, self.max_seqlen_k)
+        """The tuple flashtile._core.forward_kvcache takes for the variants (and the index-check mode)."""
+        return (self.window_left, self.window_right, self.softcap, alibi_slopes, sinks, self.max_seqlen_k,
+                self.async_index_check)
 
 
 def make_call(softmax_scale, causal, window_size, softcap, num_splits, max_seqlen_k, backend, strict,
-              num_threads) -> KVCall:
+              num_threads, async_index_check=False) -> KVCall:
     left, right = (-1, -1) if window_size == (-1, -1) else window_pair(window_size)
     return KVCall(None if softmax_scale is None else float(softmax_scale), bool(causal), left, right, float(softcap),
-                  int(num_splits), int(max_seqlen_k), backend, bool(strict), int(num_threads))
+                  int(num_splits), int(max_seqlen_k), backend, bool(strict), int(num_threads),
+                  bool(async_index_check))
 
 
 # The C++ API calls the new keys and values k_new / v_new; here they are the arguments k and v.
@@ -119,7 +122,7 @@ def _numpy_call(q, k_cache, v_cache, k, v, cache_seqlens, block_table, cache_bat
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=None, block_table=None,
                             cache_batch_idx=None, softmax_scale=None, causal=False, window_size=(-1, -1),
                             softcap=0.0, alibi_slopes=None, sinks=None, num_splits=0, return_lse=False,
-                            backend="auto", strict=False, num_threads=0, max_seqlen_k=0):
+                            backend="auto", strict=False, num_threads=0, max_seqlen_k=0, async_index_check=False):
     """Attention of q against a KV cache, after appending k and v to it in place (inference; decode steps).
 
     Args:
@@ -141,6 +144,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlen
         backend, strict: as in flash_attn_func. num_threads: CPU threads (0 = the default).
         max_seqlen_k: when > 0, a bound on every L_b (lets a GPU backend size its splits without reading
             cache_seqlens, as flash_attn's CUDA-graph callers pass it).
+        async_index_check: CUDA only. cache_seqlens, block_table and cache_batch_idx live on the GPU and are
+            checked there; by default the call waits for that verdict (a stream synchronisation) and raises the
+            typed error. True: no wait, for eager decode loops; a bad index then leaves the cache unchanged and NaN
+            in out and lse, as it always does inside a captured CUDA graph.
 
     Returns:
         out (B, Sq, Hq, Dv) of q's type, dtype and device, or (out, lse) with return_lse.
@@ -151,7 +158,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlen
     argument is rotary_cos, which FlashTile does not take).
     """
     call = make_call(softmax_scale, causal, window_size, softcap, num_splits, max_seqlen_k, backend, strict,
-                     num_threads)
+                     num_threads, async_index_check)
     if torch is not None and isinstance(q, torch.Tensor):
         out, lse = _torch_kv.forward(q, k_cache, v_cache, k, v, cache_seqlens, block_table, cache_batch_idx,
                                      alibi_slopes, sinks, call, return_lse)
@@ -166,12 +173,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlen
 def explain_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=None, block_table=None,
                     cache_batch_idx=None, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                     alibi_slopes=None, sinks=None, num_splits=0, backend="auto", strict=False, num_threads=0,
-                    max_seqlen_k=0):
+                    max_seqlen_k=0, async_index_check=False):
     """The DispatchReport of the kernel flash_attn_with_kvcache would run for these arguments (backend, split-KV
     count and why, report.ran.splits), with every refused backend's reasons; writes nothing, not even the append.
     Bad arguments raise the same errors as the real call."""
     call = make_call(softmax_scale, causal, window_size, softcap, num_splits, max_seqlen_k, backend, strict,
-                     num_threads)
+                     num_threads, async_index_check)
     if torch is not None and isinstance(q, torch.Tensor):
         return _torch_kv.explain(q, k_cache, v_cache, k, v, cache_seqlens, block_table, cache_batch_idx,
                                  alibi_slopes, sinks, call)

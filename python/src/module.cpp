@@ -102,7 +102,8 @@ DispatchReport forward(nb::handle q, nb::handle k, nb::handle v, nb::handle out,
 
 // forward_kvcache (include/flashtile/kvcache.h) for both paths: `torch` reads every tensor through torch_view
 // (and runs on `stream`), otherwise through DLPack (numpy), where the caches must be writable only when k_new /
-// v_new append to them. `variants`: (window_left, window_right, softcap, alibi_slopes, sinks, max_seqlen_k).
+// v_new append to them. `variants`: (window_left, window_right, softcap, alibi_slopes, sinks, max_seqlen_k,
+// async_index_check).
 DispatchReport forward_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle k_new,
                                nb::handle v_new, nb::handle cache_seqlens, nb::handle block_table,
                                nb::handle cache_batch_idx, nb::handle out, nb::handle lse, int num_splits,
@@ -129,12 +130,13 @@ DispatchReport forward_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_ca
   c.num_splits = num_splits;
   const TensorView to = view(out, "out", true, true), tl = view(lse, "lse", true, false);
   Options o = make_options(softmax_scale, causal, backend, strict, false, num_threads);
-  if (variants.size() != 6) throw nb::value_error("variants: expected a tuple of 6 entries");
+  if (variants.size() != 7) throw nb::value_error("variants: expected a tuple of 7 entries");
   o.window_size = {nb::cast<std::int64_t>(variants[0]), nb::cast<std::int64_t>(variants[1])};
   o.softcap = static_cast<float>(nb::cast<double>(variants[2]));
   o.alibi_slopes = view(variants[3], "alibi_slopes", false, false);
   o.sinks = view(variants[4], "sinks", false, false);
   o.max_seqlen_k = nb::cast<std::int64_t>(variants[5]);
+  c.async_index_check = nb::cast<bool>(variants[6]);
   if (torch) {
     o.cuda_stream = reinterpret_cast<void*>(stream);
     o.device_pointers_checked = true;  // torch tensors: data_ptr is memory of the device they report

@@ -213,6 +213,14 @@ def test_automatic_splits_on_a_long_cache(rng):
     case.check(out, lse)
 
 
+def test_async_index_check_changes_nothing_on_the_cpu(rng):
+    # A CUDA option (do not wait for the device-side index check); the CPU reads the indices on the host anyway.
+    case = Case(rng, "float32", sq=2, snew=2, page=16, seqlens=[10, 59, 20])
+    out, lse = flashtile.flash_attn_with_kvcache(case.q, case.k_cache, case.v_cache, **case.kwargs(),
+                                                 return_lse=True, async_index_check=True)
+    case.check(out, lse)
+
+
 def test_explain_writes_nothing(rng):
     case = Case(rng, "float16", sq=2, snew=2, page=16)
     before = (case.k_cache.copy(), case.v_cache.copy())
@@ -436,8 +444,9 @@ def decode_steps(q, kv, k, v, seqlens, table):
     out1 = flashtile.flash_attn_with_kvcache(q, kc, vc, k=k[:, :1], v=v[:, :1], cache_seqlens=seqlens,
                                              block_table=table, causal=True)
     out2 = flashtile.flash_attn_with_kvcache(q, kc, vc, k=k[:, 1:], v=v[:, 1:], cache_seqlens=seqlens + 1,
-                                             block_table=table, causal=True)
-    out3 = flashtile.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens + 2, block_table=table)
+                                             block_table=table, causal=True, async_index_check=True)
+    out3 = flashtile.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens + 2, block_table=table,
+                                             async_index_check=True)
     return out0, out1, out2, out3, kc + vc, twice_k + twice_v  # elementwise: rounded alike in every backend
 
 
