@@ -252,6 +252,15 @@ TEST(KvCacheValidation, ExplainReportsSplitsAndWritesNothing) {
   EXPECT_EQ(c.k_cache.to_double(), k);
 }
 
+TEST(KvCacheValidation, WorkspaceBytesValidatesAndIsZeroOnTheCpu) {
+  Call c;
+  EXPECT_EQ(flashtile::forward_kvcache_workspace_bytes(c.q.view(), c.cache, c.out.view(), c.lse.view(), c.options),
+            0u);
+  c.seqlens.set(1, 32);  // the call's own refusal, before any backend is asked
+  EXPECT_THROW(flashtile::forward_kvcache_workspace_bytes(c.q.view(), c.cache, c.out.view(), c.lse.view(), c.options),
+               flashtile::InvalidArgument);
+}
+
 TEST(KvCacheValidation, LseIsOptional) {
   Call c;
   EXPECT_NO_THROW(flashtile::forward_kvcache(c.q.view(), c.cache, c.out.view(), {}, c.options));

@@ -18,6 +18,7 @@
 // Every argument is checked before anything is written: a refused call leaves the cache unchanged.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "flashtile/dispatch.h"
@@ -49,6 +50,12 @@ struct KVCache {
 // cache_seqlens). Varlen, seqused_k, deterministic and the backward options do not apply and are refused.
 DispatchReport forward_kvcache(const TensorView& q, const KVCache& cache, const TensorView& out,
                                const TensorView& lse = {}, const Options& options = {});
+
+// Bytes of scratch memory the call needs on the backend these arguments select (0 on the CPU; on CUDA the index
+// check's verdict and, with splits, the partial results): pass that much as Options::workspace so that the call
+// allocates nothing, e.g. in a captured CUDA graph. Validates like forward_kvcache (bad arguments throw).
+std::size_t forward_kvcache_workspace_bytes(const TensorView& q, const KVCache& cache, const TensorView& out,
+                                            const TensorView& lse = {}, const Options& options = {});
 
 // What forward_kvcache would run (backend, splits and why), validating like the real call; writes nothing.
 DispatchReport explain_forward_kvcache(const TensorView& q, const KVCache& cache, const TensorView& out,

@@ -45,13 +45,13 @@ struct Options {
   // CUDA backends: the stream (a cudaStream_t) to enqueue on; null = the default stream. The call is
   // asynchronous with respect to the host on that stream, as a CUDA library call is.
   void* cuda_stream = nullptr;
-  // Backward only: scratch memory for the backend (device memory of the tensors' device for CUDA), at least
-  // backward_workspace_bytes() large and 256-byte aligned. Given, the call allocates nothing, so it can be
+  // Backward and forward_kvcache: scratch memory for the backend (device memory of the tensors' device for CUDA),
+  // at least backward_workspace_bytes() (forward_kvcache_workspace_bytes()) large and 256-byte aligned. Given, the call allocates nothing, so it can be
   // captured in a CUDA graph with memory the caller's allocator owns (the Python package passes a torch
   // tensor). Null: CUDA backends take it from a per-device pool that keeps its memory between calls.
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
-  // Backward only, when `workspace` is null: called once with the bytes the chosen backend needs, returns that
+  // Backward and forward_kvcache, when `workspace` is null: called once with the bytes the chosen backend needs, returns that
   // much memory (same device and alignment rules as `workspace`), valid until the call's work on the stream is
   // done. Lets a framework hand out memory from its own allocator in the same call, without first asking
   // backward_workspace_bytes() (which validates and dispatches a second time).

@@ -202,6 +202,13 @@ DispatchReport forward_kvcache(const TensorView& q, const KVCache& cache, const 
   return detail::run(p, options, "forward_kvcache", true);
 }
 
+std::size_t forward_kvcache_workspace_bytes(const TensorView& q, const KVCache& cache, const TensorView& out,
+                                            const TensorView& lse, const Options& options) {
+  const auto p = detail::validate_kvcache(q, cache, out, lse, options);
+  DispatchReport report;
+  return p.empty() ? 0 : detail::choose(p, options, report, "forward_kvcache")->workspace_bytes(p);
+}
+
 DispatchReport explain_forward_kvcache(const TensorView& q, const KVCache& cache, const TensorView& out,
                                        const TensorView& lse, const Options& options) {
   const auto p = detail::validate_kvcache(q, cache, out, lse, options);

@@ -319,8 +319,10 @@ void capture_and_replay(bool caller_workspace) {
   flashtile::Options o = d.options(*problems[0]);
   o.cuda_stream = stream;
   o.max_seqlen_k = 704;  // the bound the splits are sized from
-  if (caller_workspace) {
-    o.workspace_bytes = std::size_t{16} << 20;
+  if (caller_workspace) {  // exactly what the call asks for
+    o.workspace_bytes = flashtile::forward_kvcache_workspace_bytes(d.q->view(), d.cache(0), d.out->view(),
+                                                                   d.lse->view(), o);
+    EXPECT_GT(o.workspace_bytes, 0u);
     FT_CUDA_OK(cudaMalloc(&ws, o.workspace_bytes));
     o.workspace = ws;
   }

@@ -149,8 +149,9 @@ Workspace::Workspace(const detail::AttnParams& p, std::size_t bytes, cudaStream_
   // graph with memory the caller owns), else the caller's allocator, else the per-device pool.
   void* ws = p.workspace;
   if (ws != nullptr && p.workspace_bytes < bytes)
-    throw InvalidArgument("workspace: " + std::to_string(p.workspace_bytes) + " bytes given, " + backend +
-                          "'s backward needs " + std::to_string(bytes) + " (backward_workspace_bytes)");
+    throw InvalidArgument("workspace: " + std::to_string(p.workspace_bytes) + " bytes given, " + backend + " needs " +
+                          std::to_string(bytes) + " for this call (" +
+                          (p.kvcache ? "forward_kvcache_workspace_bytes" : "backward_workspace_bytes") + ")");
   if (ws == nullptr && p.workspace_alloc != nullptr) {
     ws = p.workspace_alloc(bytes, p.workspace_alloc_context);
     if (ws == nullptr || reinterpret_cast<std::uintptr_t>(ws) % 256 != 0)
