@@ -27,6 +27,7 @@
 #include "cpu/kernel_common.h"
 #include "cpu/kernels.h"
 #include "cpu/parallel.h"
+#include "cpu/phase_clock.h"
 #include "cpu/score_row.h"
 #include "cpu/tile_ops.h"
 
@@ -38,6 +39,10 @@ namespace flashtile::cpu::FT_ISA_NS {
 namespace {
 
 using detail::AttnParams;
+
+// The phase clock's slots (phase_clock.h): products, exponentials, dS; "other" is the copies and conversions.
+constexpr Phase kProducts = kPhaseQK, kExp = kPhaseSoftmax, kDs = kPhasePV;
+PhaseTotals g_phases{FT_PHASE_STR(FT_ISA_NS) " backward", {"products", "exp", "dS"}};
 
 std::unique_ptr<float[]> zeros(std::int64_t n) {
   return std::unique_ptr<float[]>(new float[static_cast<std::size_t>(n)]());
@@ -111,6 +116,7 @@ void key_tile(Shared& sh, BwdScratch& w, std::int64_t b, std::int64_t hk, std::i
   const int n = static_cast<int>(std::min<std::int64_t>(bk, seq.seqlen_k - k0));
   const int npad = padded(n);
   const int ldd = w.ldd, ldv = w.ldv;
+  PhaseTimer clock(g_phases);
 
   for (int j = 0; j < n; ++j) {
     const T* ks = row_ptr<T>(p.k, p.k_stride, b, seq.k_row0 + k0 + j, hk);
@@ -149,7 +155,9 @@ void key_tile(Shared& sh, BwdScratch& w, std::int64_t b, std::int64_t hk, std::i
         w.delta[r] = *sh.delta_rows(h, sh.row(head, b, q0 + r));
       }
       // P = exp(S − LSE), masked entries and rows with LSE = −inf exactly 0.
+      clock.skip();  // the Q and dO copies: other
       gemm_nn(rows, npad, d, w.q.get(), ldd, w.kt.get(), bk, w.s.get(), bk, false);
+      clock.mark(kProducts);
       bool needs_mask = tm == detail::TileMask::partial;
       for (int r = 0; r < rows; ++r) needs_mask = needs_mask || w.lse[r] == kNegInf;
       for (int r = 0; r < rows; ++r) {
@@ -169,8 +177,10 @@ void key_tile(Shared& sh, BwdScratch& w, std::int64_t b, std::int64_t hk, std::i
       // exactly nothing, NaN inputs included.
       const int* lo = needs_mask ? w.lo.get() : nullptr;
       const int* hi = needs_mask ? w.hi.get() : nullptr;
+      clock.mark(kExp);
       gemm_tn(n, ldv, rows, w.s.get(), bk, w.dout.get(), ldv, w.dv.get(), ldv, lo, hi);  // dV += Pᵀ dO
       gemm_nn(rows, npad, dv, w.dout.get(), ldv, w.vt.get(), bk, w.dp.get(), bk, false);  // dP = dO Vᵀ
+      clock.mark(kProducts);
       for (int r = 0; r < rows; ++r) {                                                 // dS = P ∘ (dP − D)
         float* dpr = w.dp.get() + static_cast<std::int64_t>(r) * bk;
         const float* sr = w.s.get() + static_cast<std::int64_t>(r) * bk;
@@ -184,9 +194,11 @@ void key_tile(Shared& sh, BwdScratch& w, std::int64_t b, std::int64_t hk, std::i
           for (int j = begin; j < end; ++j) dpr[j] *= dtr[j];
         }
       }
+      clock.mark(kDs);
       gemm_nn(rows, ldd, n, w.dp.get(), bk, w.kf.get(), ldd, sh.dq_rows(part, h, sh.row(head, b, q0)), ldd, true,
               lo, hi);                                                                     // dQ += dS K
       gemm_tn(n, ldd, rows, w.dp.get(), bk, w.q.get(), ldd, w.dk.get(), ldd, lo, hi);  // dK += dSᵀ (scale·Q)
+      clock.mark(kProducts);
     }
   }
   for (int j = 0; j < n; ++j) {

@@ -1,7 +1,9 @@
-// Where a CPU forward's time goes, for tuning: with -DFLASHTILE_PHASE_CLOCK=ON each forward kernel adds up the
+// Where a CPU kernel's time goes, for tuning: with -DFLASHTILE_PHASE_CLOCK=ON each forward kernel adds up the
 // wall time of its phases — the S = Q·Kᵀ product, the softmax step, the P·V product, and the rest (Q tile,
 // K/V cache fill, output) — over every tile and thread, and prints the shares when the program exits:
 //   PHASES avx512 fp32 forward: qk 39.1% softmax 16.1% pv 42.0% other 2.8% (0.95 s)
+// The backward uses the three slots for its five products, the recomputed exponentials and dS (other: the
+// conversions and copies of Q, dO, K, V, dK, dV), with its own labels.
 // Off by default: then PhaseTimer is empty and the calls compile to nothing.
 #pragma once
 
@@ -24,15 +26,16 @@ using PhaseClockTime = std::chrono::steady_clock;
 
 struct PhaseTotals {
   const char* name;
+  const char* labels[kPhaseCount] = {"qk", "softmax", "pv"};
   std::atomic<std::int64_t> ns[kPhaseCount + 1] = {};  // the phases, then the whole tile
   ~PhaseTotals() {
     const double total = static_cast<double>(ns[kPhaseCount].load());
     if (total <= 0) return;
     double other = total;
     for (int i = 0; i < kPhaseCount; ++i) other -= static_cast<double>(ns[i].load());
-    std::fprintf(stderr, "PHASES %s: qk %.1f%% softmax %.1f%% pv %.1f%% other %.1f%% (%.2f s)\n", name,
-                 100.0 * static_cast<double>(ns[kPhaseQK].load()) / total,
-                 100.0 * static_cast<double>(ns[kPhaseSoftmax].load()) / total,
+    std::fprintf(stderr, "PHASES %s: %s %.1f%% %s %.1f%% %s %.1f%% other %.1f%% (%.2f s)\n", name, labels[0],
+                 100.0 * static_cast<double>(ns[kPhaseQK].load()) / total, labels[1],
+                 100.0 * static_cast<double>(ns[kPhaseSoftmax].load()) / total, labels[2],
                  100.0 * static_cast<double>(ns[kPhasePV].load()) / total, 100.0 * other / total, total * 1e-9);
   }
 };
@@ -63,6 +66,7 @@ class PhaseTimer {
 #else
 struct PhaseTotals {
   const char* name;
+  const char* labels[kPhaseCount] = {};
 };
 struct PhaseTimer {
   explicit PhaseTimer(PhaseTotals&) {}
