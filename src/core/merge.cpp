@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/element.h"
+#include "core/merge_rule.h"
 #include "flashtile/errors.h"
 #if FLASHTILE_WITH_CUDA
 #include "cuda/pointer_check.h"
@@ -170,27 +171,10 @@ void merge_attention_states(std::span<const TensorView> outs, std::span<const Te
               packed ? h * t.stride[0] + s * t.stride[1] : b * t.stride[0] + h * t.stride[1] + s * t.stride[2];
           return static_cast<const float*>(t.data)[o];
         };
-        float m = -INFINITY;
-        bool nan = false;
-        for (std::size_t i = 0; i < n; ++i) {
-          w[i] = lse_of(lses[i]);
-          nan = nan || std::isnan(w[i]);
-          m = std::max(m, w[i]);
-        }
+        for (std::size_t i = 0; i < n; ++i) w[i] = lse_of(lses[i]);
         const std::int64_t row = (b * S + s) * H + h;
-        float merged;
-        if (nan) {
-          merged = NAN;
-          std::fill(w.begin(), w.end(), NAN);
-        } else if (m == -INFINITY) {
-          merged = -INFINITY;
-          std::fill(w.begin(), w.end(), 0.f);
-        } else {
-          float sum = 0.f;
-          for (std::size_t i = 0; i < n; ++i) sum += (w[i] = std::exp(w[i] - m));  // +inf - +inf = NaN: reaches out
-          merged = m + std::log(sum);
-          for (std::size_t i = 0; i < n; ++i) w[i] /= sum;
-        }
+        const float merged = detail::merged_lse([&](int i) { return w[static_cast<std::size_t>(i)]; }, static_cast<int>(n));
+        for (std::size_t i = 0; i < n; ++i) w[i] = detail::part_weight(w[i], merged);
         const std::int64_t out_row = row_offset(out, row);
         for (std::int64_t d = 0; d < D; ++d) {
           float acc = 0.f;

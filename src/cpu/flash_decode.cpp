@@ -15,10 +15,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <memory>
 #include <vector>
 
+#include "core/merge_rule.h"
 #include "cpu/convert.h"
 #include "cpu/decode_plan.h"
 #include "cpu/exp2.h"
@@ -368,30 +368,15 @@ void merge_rows(const AttnParams& p, std::int64_t b, std::int64_t hk, int splits
   for (std::int64_t h = hk * g; h < (hk + 1) * g; ++h)
     for (std::int64_t i = 0; i < p.seqlen_q; ++i) {
       const float* part = parts + ((b * p.heads_q + h) * p.seqlen_q + i) * splits * (dv + 1);
-      float mx = kNegInf;
-      bool nan = false;
-      for (int s = 0; s < splits; ++s) {
-        const float x = part[s * (dv + 1) + dv];
-        nan = nan || std::isnan(x);
-        mx = x > mx ? x : mx;
-      }
+      const float lse = detail::merged_lse([&](int s) { return part[s * (dv + 1) + dv]; }, splits);
+      float wgt[1024];
+      for (int s = 0; s < splits; ++s) wgt[s] = detail::part_weight(part[s * (dv + 1) + dv], lse);
       T* o = row_ptr<T>(p.out, p.out_stride, b, i, h);
-      float lse = mx;
-      if (nan) {
-        lse = std::numeric_limits<float>::quiet_NaN();
-        for (int c = 0; c < dv; ++c) o[c] = from_float<T>(lse);
-      } else if (mx == kNegInf) {
-        for (int c = 0; c < dv; ++c) o[c] = from_float<T>(0.0f);
-      } else {
-        float sum = 0.0f, wgt[1024];
-        for (int s = 0; s < splits; ++s) sum += (wgt[s] = std::exp(part[s * (dv + 1) + dv] - mx));
-        for (int c = 0; c < dv; ++c) {
-          float a = 0.0f;
-          for (int s = 0; s < splits; ++s)
-            if (wgt[s] > 0.0f) a += wgt[s] * part[s * (dv + 1) + c];
-          o[c] = from_float<T>(a / sum);
-        }
-        lse = mx + std::log(sum);
+      for (int c = 0; c < dv; ++c) {
+        float a = 0.0f;
+        for (int s = 0; s < splits; ++s)
+          if (wgt[s] != 0.0f) a += wgt[s] * part[s * (dv + 1) + c];  // a keyless part adds nothing; NaN passes
+        o[c] = from_float<T>(a);
       }
       if (p.lse != nullptr) p.lse[b * p.lse_stride.batch + h * p.lse_stride.head + i * p.lse_stride.row] = lse;
     }

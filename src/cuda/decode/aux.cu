@@ -9,10 +9,13 @@
 
 #include "core/params.h"
 #include "decode/launch.h"
-#include "decode/merge.h"
+#include "core/merge_rule.h"
 
 namespace flashtile::cuda::decode {
 namespace {
+
+using detail::merged_lse;
+using detail::part_weight;
 
 // One thread per (sequence, block-table column) or per sequence (contiguous), grid-stride: the CPU validation's
 // checks (src/core/validate_kvcache.cpp), each failure lowering first_bad to its (sequence, column, code) key.

@@ -14,11 +14,14 @@
 
 #include "common/mask.h"
 #include "common/softmax.h"
-#include "decode/merge.h"
+#include "core/merge_rule.h"
 #include "decode/params.h"
 #include "sm80/traits.h"
 
 namespace flashtile::cuda::decode {
+
+using detail::merged_lse;
+using detail::part_weight;
 
 template <class Element_, int kHeadDim_, int kRowWarps_>
 struct Traits {
