@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstdint>
 #include <sstream>
-#include <utility>
 
 #include "flashtile/errors.h"
 #include "kernel_switch.h"
@@ -18,15 +17,6 @@ namespace flashtile::cuda::decode {
 namespace {
 
 using detail::AttnParams;
-
-int sm_count(int device) {
-  int n = 0;
-  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
 
 // Reads `bytes` of device memory at src (the stream is synchronised by the caller's read-back already).
 template <class T>
@@ -73,28 +63,6 @@ T read_device(const T* src, cudaStream_t stream, const char* backend) {
   throw InvalidArgument(m.str());
 }
 
-// The KV-cache call's own device pointers (runtime.cpp's check_device_pointers covers q, k, v, out, lse, slopes and
-// sinks; these belong in its list, proposed there): memory of the tensors' device, as the kernels read it there.
-void check_kvcache_pointers(const AttnParams& p, detail::Reasons& why) {
-  const std::pair<const char*, const void*> list[] = {{"cache_seqlens", p.cache_seqlens}, {"block_table", p.page_table},
-                                                      {"cache_batch_idx", p.cache_batch_idx}, {"k_new", p.k_new},
-                                                      {"v_new", p.v_new}, {"workspace", p.workspace}};
-  for (const auto& [name, ptr] : list) {
-    if (ptr == nullptr) continue;
-    cudaPointerAttributes a{};
-    if (cudaPointerGetAttributes(&a, ptr) != cudaSuccess) {
-      (void)cudaGetLastError();
-      why.push_back(std::string("device: ") + name + " is not CUDA memory (cudaPointerGetAttributes failed)");
-      return;
-    }
-    if (a.type == cudaMemoryTypeManaged) continue;
-    if (a.type != cudaMemoryTypeDevice || a.device != p.device_index) {
-      why.push_back(std::string("device: ") + name + " is not memory of cuda:" + std::to_string(p.device_index));
-      return;
-    }
-  }
-}
-
 }  // namespace
 
 std::string Plan::reason() const {
@@ -116,8 +84,8 @@ Plan plan(const AttnParams& p) {
   d.rows_per_tile = rows_per_tile(rows);
   d.row_tiles = static_cast<int>((rows + d.rows_per_tile - 1) / d.rows_per_tile);
   d.ctas = p.batch * p.heads_kv * d.row_tiles;
-  d.sms = sm_count(p.device_index);
   const Gpu* g = gpu(p.device_index);
+  d.sms = g != nullptr ? g->sms : 0;
   const int smem = d.bucket > 0 ? decode_smem_bytes(d.bucket, d.rows_per_tile) : 1;
   d.per_sm = std::clamp(g != nullptr ? g->smem_optin / smem : 1, 1, 4);  // 128 threads, < 128 registers each
   if (p.num_splits > 0) {
@@ -141,7 +109,6 @@ Plan plan(const AttnParams& p) {
 }
 
 void can_run(const AttnParams& p, int smem_optin, detail::Reasons& why) {
-  if (!p.device_pointers_checked) check_kvcache_pointers(p, why);
   const std::int64_t dmax = std::max(p.hdim, p.hdim_v);
   const int bucket = decode_bucket(dmax);
   if (bucket == 0) {

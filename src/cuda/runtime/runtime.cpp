@@ -31,7 +31,8 @@ const Gpus& gpus() {
         (void)cudaGetLastError();
         continue;
       }
-      r.list.push_back({prop.major, prop.minor, static_cast<int>(prop.sharedMemPerBlockOptin), prop.name});
+      r.list.push_back({prop.major, prop.minor, static_cast<int>(prop.sharedMemPerBlockOptin),
+                        prop.multiProcessorCount, prop.name});
     }
     return r;
   }();
@@ -112,6 +113,14 @@ Pointers pointers(const detail::AttnParams& p) {
     v.add("dk", p.dk);
     v.add("dv", p.dv);
     v.add("dsinks", p.dsinks);
+    v.add("workspace", p.workspace);
+  }
+  if (p.kvcache) {
+    v.add("cache_seqlens", p.cache_seqlens);
+    v.add("block_table", p.page_table);
+    v.add("cache_batch_idx", p.cache_batch_idx);
+    v.add("k_new", p.k_new);
+    v.add("v_new", p.v_new);
     v.add("workspace", p.workspace);
   }
   return v;

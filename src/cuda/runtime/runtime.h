@@ -19,6 +19,7 @@ void check(cudaError_t e, const char* backend, const char* what);
 struct Gpu {
   int major = 0, minor = 0;
   int smem_optin = 0;  // bytes of shared memory a block may opt into
+  int sms = 0;         // streaming multiprocessors
   std::string name;
 };
 struct Gpus {
@@ -43,8 +44,9 @@ class DeviceGuard {
   bool switched_ = false;
 };
 
-// Each device pointer of the call (operands, workspace, sequence arrays, slopes, sinks) must be memory of the
-// tensors' device (managed memory is accepted); appends one reason for the first that is not.
+// Each device pointer of the call (operands, workspace, sequence arrays, slopes, sinks, the KV cache's index
+// tensors and new rows) must be memory of the tensors' device (managed memory is accepted); appends one reason
+// for the first that is not.
 void check_device_pointers(const detail::AttnParams& p, detail::Reasons& why);
 
 // The backward's scratch memory for one call, `bytes` large and 256-byte aligned: p.workspace (checked to be
