@@ -96,6 +96,26 @@ class FlashTile:
             raise RuntimeError(f"ft_forward_kvcache failed ({rc}): {self.msg.value.decode()}")
         return self.msg.value.decode()
 
+    def kvcache_call(self, q, k_cache, v_cache, out, cache_seqlens=None, block_table=None, k_new=None, v_new=None,
+                     lse=None, num_splits=0, causal=False, scale=None, backend="auto", strict=False,
+                     async_index_check=False):
+        """forward_kvcache's call with its C arguments built once: a zero-argument callable that makes only the C ABI
+        call (no report text), what a C++ caller's loop pays per step; it raises on an error code."""
+        keep = [ft_tensor(x) if x is not None else None for x in (q, k_cache, v_cache, k_new, v_new, cache_seqlens,
+                                                                  block_table, out, lse)]
+        ref = [ctypes.byref(x) if x is not None else None for x in keep]
+        args = ref[:7] + [None] + ref[7:] + [num_splits, int(async_index_check), _DTYPES[q.dtype], self._dev(q),
+                                            math.nan if scale is None else scale, int(causal), backend.encode(),
+                                            int(strict), None, None, 0]
+        fn = self.lib.ft_forward_kvcache
+
+        def call():
+            rc = fn(*args)
+            if rc != 0:
+                raise RuntimeError(f"ft_forward_kvcache failed ({rc})")
+        call.keep = keep  # the structures the pointers point into live as long as the callable
+        return call
+
 
 def find_lib(arg):
     cands = [arg] if arg else []

@@ -11,11 +11,13 @@ with enable_gqa=True (and causal_lower_right for Sq > 1); SDPA has no paged form
 those of the contiguous cell with the same shape (the same values and the same work).
 
 GB/s counts the bytes of K and V the call must read: B · L · Hkv · (D + Dv) · 2; % is of the H200's 4.8 TB/s.
-Timing: CUDA events around each call, 5 warm-up calls, median of --reps (>= 20). FlashTile's call also reads the
-device-side index check's verdict back (a 16-byte copy and a stream synchronisation; a CUDA graph replay skips
-it), which the events include; the "device" column is the median over calls of the device time of the call's own
-memset and kernels (check, append, decode, combine) from torch.profiler (CUPTI), the figure a graph replay
-approaches.
+Timing: CUDA events around each call, 5 warm-up calls, median of --reps (>= 20). FlashTile is timed on its C ABI
+call with the arguments built once (gpu_bench.py kvcache_call). Its eager call reads the device-side index check's
+verdict back (copied to pinned memory right after the check; the host waits for that copy while the decode runs;
+a CUDA graph replay skips it), which the events include; 'async' is the call with async_index_check; the "device"
+column is the median over calls of the device time of the call's own kernels (prepare or memset + check + append,
+decode, combine) from torch.profiler (CUPTI), the figure a graph replay approaches; 'host µs' is the host time per
+call of 50 calls issued without waiting.
 
     python3 bench/gpu_decode.py --lib build/gpu/src/libflashtile_capi.so --out bench/results/h200-decode
 
@@ -44,7 +46,8 @@ HBM_PEAK_GBS = 4800.0  # H200 HBM3e
 PEERS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
          "cudnn": SDPBackend.CUDNN_ATTENTION}
 # Device-side work of one FlashTile call (the read-back's D2H copy is not the call's work).
-FT_OPS = ("check_kernel", "append_kernel", "decode_kernel", "combine_kernel", "Memset")
+FT_OPS = ("prepare_kernel", "check_kernel", "append_kernel", "decode_kernel", "combine_kernel", "Memset")
+FT_FIRST_OPS = ("prepare_kernel", "Memset")  # a small call's one-CTA check and append, or a large call's reset
 
 
 def cells(quick):
@@ -57,6 +60,19 @@ def cells(quick):
                 for page in (0, 64):
                     out.append({"sq": sq, "batch": batch, "keys": keys, "page": page})
     return out
+
+
+def host_us(fn, calls=50):
+    """Host microseconds per call: `calls` calls issued back to back without waiting (the launch queue absorbs
+    them), timed on the host clock; an eager loop is host-bound when this exceeds the call's device time."""
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
 
 
 def device_ms(fn, reps):
@@ -72,7 +88,7 @@ def device_ms(fn, reps):
                      key=lambda e: e.time_range.start)
         calls, cur = [], None
         for e in evs:
-            if "Memset" in e.name:  # every call starts with the status memset
+            if any(first in e.name for first in FT_FIRST_OPS):  # every call starts with one of them
                 cur = {"us": 0.0}
                 calls.append(cur)
             if cur is not None and any(op in e.name for op in FT_OPS):
@@ -110,9 +126,16 @@ def bench_cell(ft, cell, reps, peer_cache):
 
     report = flashtile_call()
     row = {**cell, "kv_bytes": kv_bytes, "report": report}
-    row["flashtile_ms"] = time_ms(flashtile_call, reps)
-    row["flashtile_device_ms"] = device_ms(flashtile_call, reps)
-    row["flashtile_async_ms"] = time_ms(lambda: flashtile_call(True), reps)  # no read-back, no synchronisation
+    # The timed calls: the C ABI call with its arguments built once (bench/gpu_bench.py kvcache_call), as a C++
+    # caller's decode loop makes it; the ctypes structures a Python wrapper would build per call are not FlashTile's.
+    eager = ft.kvcache_call(q, k, v, out, cache_seqlens=lens, block_table=table, k_new=k_new, v_new=v_new,
+                            causal=True, backend="cuda-sm80", strict=True)
+    lazy = ft.kvcache_call(q, k, v, out, cache_seqlens=lens, block_table=table, k_new=k_new, v_new=v_new,
+                           causal=True, backend="cuda-sm80", strict=True, async_index_check=True)
+    row["flashtile_ms"] = time_ms(eager, reps)
+    row["flashtile_device_ms"] = device_ms(eager, reps)
+    row["flashtile_async_ms"] = time_ms(lazy, reps)  # no read-back, no wait
+    row["flashtile_host_us"] = host_us(lazy)
     shape = (sq, b, keys)
     if not page:
         qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -124,6 +147,7 @@ def bench_cell(ft, cell, reps, peer_cache):
                     fn = lambda: F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, enable_gqa=True)
                     fn()
                     peers[f"{name}_ms"] = time_ms(fn, reps)
+                    peers[f"{name}_host_us"] = host_us(fn)
             except Exception as e:  # a peer that cannot run this shape is reported, not fatal
                 peers[f"{name}_error"] = str(e).split("\n")[0][:160]
         peer_cache[shape] = peers
@@ -151,26 +175,29 @@ def markdown(meta, rows):
              "GQA 32/8, head dim 128, bf16, causal over the Sq new tokens (appended in place by FlashTile's call). "
              "GB/s = bytes of K+V the call reads / median time over "
              f"{meta['reps']} calls after 5 warm-up calls, CUDA events; % = of the {HBM_PEAK_GBS:.0f} GB/s HBM peak. "
-             "FlashTile's events include the index check's read-back (a 16-byte copy and a stream synchronisation "
-             "per call); 'async' times the same call with async_index_check (no read-back: an eager decode loop's "
-             "figure); 'device' is the median device time of its memset and kernels (torch.profiler), what a "
-             "CUDA-graph replay approaches. torch: scaled_dot_product_attention with enable_gqa=True on (B, H, L, D) "
+             "FlashTile is timed on its C ABI call with the arguments built once (what a C++ decode loop pays). "
+             "Its events include the index check's read-back (the verdict copied to pinned memory right after the "
+             "check kernel; the host waits for that copy, not for the decode); 'async' times the same call with "
+             "async_index_check (no read-back); 'device' is the median device time of its kernels (torch.profiler), "
+             "what a CUDA-graph replay approaches. 'host µs' is the host time per call of 50 calls issued without "
+             "waiting (FlashTile async, and torch flash): above the device time, an eager loop is host-bound. "
+             "torch: scaled_dot_product_attention with enable_gqa=True on (B, H, L, D) "
              "views of the contiguous cache (paged cells: the contiguous cell's peers, same values and work).", "",
              "| Sq | batch | keys | cache | FlashTile GB/s (events) | FlashTile GB/s (async) | FlashTile GB/s (device) "
-             "| % peak (device) | flash GB/s | efficient GB/s | cuDNN GB/s | device ÷ cuDNN | async ÷ cuDNN "
-             "| device ÷ flash | splits |",
-             "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| % peak (device) | flash GB/s | efficient GB/s | cuDNN GB/s | events ÷ cuDNN | device ÷ cuDNN "
+             "| events ÷ flash | host µs FlashTile | host µs flash | splits |",
+             "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        dev = r.get("flashtile_device_gbs")
-        ratio = lambda peer: f"{dev / r[peer]:.2f}×" if dev and r.get(peer) else "—"
-        asy = r.get("flashtile_async_gbs")
-        async_ratio = f"{asy / r['cudnn_gbs']:.2f}×" if asy and r.get("cudnn_gbs") else "—"
+        dev, ev = r.get("flashtile_device_gbs"), r.get("flashtile_gbs")
+        ratio = lambda x, peer: f"{x / r[peer]:.2f}×" if x and r.get(peer) else "—"
+        host = lambda key: f"{r[key]:.0f}" if r.get(key) else "—"
         lines.append(
             f"| {r['sq']} | {r['batch']} | {r['keys']} | {'paged ' + str(r['page']) if r['page'] else 'contiguous'} "
-            f"| {fmt(r.get('flashtile_gbs'))} | {fmt(r.get('flashtile_async_gbs'))} | {fmt(dev)} "
+            f"| {fmt(ev)} | {fmt(r.get('flashtile_async_gbs'))} | {fmt(dev)} "
             f"| {f'{100 * dev / HBM_PEAK_GBS:.0f} %' if dev else '—'} "
             f"| {fmt(r.get('flash_gbs'))} | {fmt(r.get('efficient_gbs'))} | {fmt(r.get('cudnn_gbs'))} "
-            f"| {ratio('cudnn_gbs')} | {async_ratio} | {ratio('flash_gbs')} | {splits_of(r['report'])} |")
+            f"| {ratio(ev, 'cudnn_gbs')} | {ratio(dev, 'cudnn_gbs')} | {ratio(ev, 'flash_gbs')} "
+            f"| {host('flashtile_host_us')} | {host('flash_host_us')} | {splits_of(r['report'])} |")
     errors = sorted({f"{k[:-6]}: {v}" for r in rows for k, v in r.items() if k.endswith("_error")})
     if errors:
         lines += ["", "Peers that refused a cell:", ""] + [f"- {e}" for e in errors]
@@ -215,8 +242,8 @@ def main():
     if args.reps < 20:
         sys.exit("--reps: at least 20")
     ft = FlashTile(find_lib(args.lib))
-    commit = subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
+    commit = os.environ.get("FT_COMMIT") or subprocess.run(  # FT_COMMIT: a copy without git history (the GPU host)
+        ["git", "-C", HERE, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
             "cudnn": torch.backends.cudnn.version(), "commit": commit, "reps": args.reps,

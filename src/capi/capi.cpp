@@ -141,7 +141,8 @@ flashtile::Options forward_options(double scale, int causal, const char* backend
 template <class F>
 int guarded(char* msg, int len, F&& f) {
   try {
-    put(msg, len, f().to_string());
+    const flashtile::DispatchReport report = f();
+    if (msg != nullptr && len > 0) put(msg, len, report.to_string());  // no report text for a caller without a buffer
     return FT_OK;
   } catch (const flashtile::Error& e) {
     put(msg, len, e.what());

@@ -146,19 +146,25 @@ FT_HOST_DEVICE SeqInfo sequence(const AttnParams& p, std::int64_t b) {
   return s;
 }
 
-// KV cache: the element offsets of sequence b's key j in k and in v (head 0); j < sequence(p, b).seqlen_k.
+// KV cache: where sequence b's key j lives (j < sequence(p, b).seqlen_k): the slot of k's and v's first extent
+// (a page, or a cache entry) and the row in it. kv_place reads the index tensors (on the GPU a dependent global
+// load, which the decode kernel issues a key tile ahead of the rows' copies); kv_offsets turns a place into element
+// offsets in k and in v (head 0); kv_row is the two together.
+struct KvPlace {
+  std::int64_t slot = 0, row = 0;
+};
 struct KvRow {
   std::int64_t k = 0, v = 0;
 };
+FT_HOST_DEVICE KvPlace kv_place(const AttnParams& p, std::int64_t b, std::int64_t j) {
+  if (p.page_table != nullptr) return {p.page_table[b * p.page_table_batch_stride + j / p.page_size], j % p.page_size};
+  return {p.cache_batch_idx != nullptr ? p.cache_batch_idx[b] : b, j};
+}
+FT_HOST_DEVICE KvRow kv_offsets(const AttnParams& p, KvPlace at) {
+  return {at.slot * p.k_stride.batch + at.row * p.k_stride.row, at.slot * p.v_stride.batch + at.row * p.v_stride.row};
+}
 FT_HOST_DEVICE KvRow kv_row(const AttnParams& p, std::int64_t b, std::int64_t j) {
-  std::int64_t slot = b, row = j;
-  if (p.page_table != nullptr) {
-    slot = p.page_table[b * p.page_table_batch_stride + j / p.page_size];
-    row = j % p.page_size;
-  } else if (p.cache_batch_idx != nullptr) {
-    slot = p.cache_batch_idx[b];
-  }
-  return {slot * p.k_stride.batch + row * p.k_stride.row, slot * p.v_stride.batch + row * p.v_stride.row};
+  return kv_offsets(p, kv_place(p, b, j));
 }
 
 }  // namespace flashtile::detail

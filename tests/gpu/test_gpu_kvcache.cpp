@@ -188,6 +188,13 @@ std::vector<KvCase> gpu_grid() {
                                          DType::bfloat16), 16, 64);
   spec.v.causal = true;
   out.push_back(spec);
+  // Enough new rows (8 · 16 tokens · 8 KV heads) for the grid-wide check and append (a memset and two kernels);
+  // every case above takes the one-CTA prepare kernel (decode/aux.cu kPrepareMaxWork).
+  KvCase wide = ft_test::kv(ft_test::var("Gqa32x8_sq16_b8_paged16_GridWideCheck", 8, 16,
+                                         {300, 17, 640, 129, 64, 1000, 16, 450}, 32, 8, 128, 128, DType::float16),
+                            16, 16);
+  wide.v.causal = true;
+  out.push_back(wide);
   return out;
 }
 
@@ -230,24 +237,25 @@ INSTANTIATE_TEST_SUITE_P(Cases, GpuKvCache, ::testing::ValuesIn(all_cases()),
                          [](const ::testing::TestParamInfo<KvCase>& i) { return i.param.v.label; });
 
 // A base case for the refusals and the graph: paged 64, one appended token, GQA 4, three sequences.
-KvCase paged_case(std::vector<std::int64_t> lens, std::int64_t page = 64) {
-  KvCase k = ft_test::kv(ft_test::var("base", 3, 1, std::move(lens), 8, 2, 128, 128, DType::bfloat16), 1, page);
+KvCase paged_case(std::vector<std::int64_t> lens, std::int64_t page = 64, std::int64_t snew = 1) {
+  KvCase k = ft_test::kv(ft_test::var("base", 3, snew, std::move(lens), 8, 2, 128, 128, DType::bfloat16), snew, page);
   return k;
 }
 
 // Each bad device-side index is refused with the CPU validation's typed error (argument and value named), and the
-// cache, out and lse are as they were.
-TEST(GpuKvCacheRefusal, BadDeviceIndicesLeaveEverythingUnchanged) {
-  FT_REQUIRE_GPU();
+// cache, out and lse are as they were. With 1 new token the one-CTA prepare kernel checks; with 160 (3 · 160 · 2
+// heads · 32 chunks) the grid-wide check and append do.
+void expect_refusals(std::int64_t snew) {
   struct Bad {
-    const char* what;      // expected in the message
+    std::string what;      // expected in the message
     bool paged;
     std::function<void(Cache&)> spoil;  // on the host copy, uploaded before the call
     std::int64_t max_seqlen_k = 0;
   };
   const std::vector<Bad> bad = {
       {"cache_seqlens[1] = -3 is negative", true, [](Cache& c) { c.seqlens->set(1, -3); }},
-      {"cache_seqlens[2] = 100000 plus 1 new keys exceeds", true, [](Cache& c) { c.seqlens->set(2, 100000); }},
+      {"cache_seqlens[2] = 100000 plus " + std::to_string(snew) + " new keys exceeds", true,
+       [](Cache& c) { c.seqlens->set(2, 100000); }},
       {"block_table[1][0] = -1 is outside", true, [](Cache& c) { c.table->set(c.table->view().shape[1], -1); }},
       {"block_table[1][0] = 1000000 is outside", true,
        [](Cache& c) { c.table->set(c.table->view().shape[1], 1000000); }},
@@ -256,8 +264,8 @@ TEST(GpuKvCacheRefusal, BadDeviceIndicesLeaveEverythingUnchanged) {
       {"max_seqlen_k: 500 is smaller than the longest sequence's 700", true, [](Cache&) {}, 500},
   };
   for (const Bad& b : bad) {
-    SCOPED_TRACE(b.what);
-    KvCase kc = paged_case({700, 37, 513}, b.paged ? 64 : 0);
+    SCOPED_TRACE(b.what + " (" + std::to_string(snew) + " new tokens)");
+    KvCase kc = paged_case({700, 170, 513}, b.paged ? 64 : 0, snew);
     kc.slots = !b.paged;
     auto rng = ft_test::test_rng();
     VarProblem p(kc.v, rng);
@@ -293,6 +301,16 @@ TEST(GpuKvCacheRefusal, BadDeviceIndicesLeaveEverythingUnchanged) {
     for (double x : p.out->to_double()) ASSERT_TRUE(std::isnan(x)) << "out (async check) not NaN";
     for (double x : p.lse->to_double()) ASSERT_TRUE(std::isnan(x)) << "lse (async check) not NaN";
   }
+}
+
+TEST(GpuKvCacheRefusal, BadDeviceIndicesLeaveEverythingUnchanged) {
+  FT_REQUIRE_GPU();
+  expect_refusals(1);
+}
+
+TEST(GpuKvCacheRefusal, BadDeviceIndicesLeaveEverythingUnchangedGridCheck) {
+  FT_REQUIRE_GPU();
+  expect_refusals(160);
 }
 
 // Serving code captures a decode step once and replays it: the call is captured on a stream (no host

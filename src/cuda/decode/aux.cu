@@ -17,49 +17,47 @@ namespace {
 using detail::merged_lse;
 using detail::part_weight;
 
-// One thread per (sequence, block-table column) or per sequence (contiguous), grid-stride: the CPU validation's
-// checks (src/core/validate_kvcache.cpp), each failure lowering first_bad to its (sequence, column, code) key.
-__global__ void check_kernel(const __grid_constant__ DecodeParams p) {
+// Checks i = begin, begin + step, ... of the (sequence, block-table column) pairs (one per sequence when
+// contiguous): the CPU validation's checks (src/core/validate_kvcache.cpp), each failure lowering *first_bad to its
+// (sequence, column, code) key, each sequence raising *longest to its L_b. The two counters are global memory (many
+// CTAs, reset by a memset) or shared memory (prepare_kernel's one CTA).
+__device__ void check_indices(const DecodeParams& p, std::int64_t begin, std::int64_t step,
+                              unsigned long long* first_bad, int* longest) {
   const detail::AttnParams& a = p.a;
   const bool paged = a.page_table != nullptr;
   const std::int64_t room = paged ? a.max_pages * a.page_size : a.capacity;
   const std::int64_t cols = paged ? a.max_pages : 1;
   const std::int64_t n = a.batch * cols;
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
+  for (std::int64_t i = begin; i < n; i += step) {
     const std::int64_t b = i / cols, t = i % cols;
     std::int64_t len = a.seqlen_k;  // no cache_seqlens: every sequence fills its cache
     if (a.cache_seqlens != nullptr) {
       const std::int32_t held = a.cache_seqlens[b];
       if (held < 0 || held + a.seqlen_new > room) {
-        if (t == 0) atomicMin(&p.status->first_bad, bad_key(b, 0, held < 0 ? kSeqlenNegative : kSeqlenTooLong));
+        if (t == 0) atomicMin(first_bad, bad_key(b, 0, held < 0 ? kSeqlenNegative : kSeqlenTooLong));
         continue;
       }
       len = held + a.seqlen_new;
     }
-    if (t == 0) atomicMax(&p.status->longest, static_cast<int>(len));
+    if (t == 0) atomicMax(longest, static_cast<int>(len));
     if (paged) {
       if (t * a.page_size >= len) continue;  // a column the sequence does not reach is never read
       const std::int32_t page = a.page_table[b * a.page_table_batch_stride + t];
-      if (page < 0 || page >= p.num_slots)
-        atomicMin(&p.status->first_bad, bad_key(b, t, kPageOutOfRange));
+      if (page < 0 || page >= p.num_slots) atomicMin(first_bad, bad_key(b, t, kPageOutOfRange));
     } else if (a.cache_batch_idx != nullptr) {
       const std::int32_t slot = a.cache_batch_idx[b];
-      if (slot < 0 || slot >= p.num_slots)
-        atomicMin(&p.status->first_bad, bad_key(b, 0, kSlotOutOfRange));
+      if (slot < 0 || slot >= p.num_slots) atomicMin(first_bad, bad_key(b, 0, kSlotOutOfRange));
     }
   }
 }
 
-// One thread per 16-byte chunk of a new K or V row: k_new[b, i, h] goes to key cache_seqlens[b] + i of sequence b
-// (kv_row, the one address rule). 16-bit elements, moved as bytes.
-__global__ void append_kernel(const __grid_constant__ DecodeParams p) {
+// 16-byte chunks i = begin, begin + step, ... of the new K and V rows: k_new[b, i, h] goes to key
+// cache_seqlens[b] + i of sequence b (kv_row, the one address rule). 16-bit elements, moved as bytes.
+__device__ void append_rows(const DecodeParams& p, std::int64_t begin, std::int64_t step) {
   const detail::AttnParams& a = p.a;
-  if (status_bad(*p.status, a.seqlen_k)) return;
   const std::int64_t kc = a.hdim / 8, vc = a.hdim_v / 8, per_row = kc + vc;
   const std::int64_t n = a.batch * a.seqlen_new * a.heads_kv * per_row;
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
+  for (std::int64_t i = begin; i < n; i += step) {
     const std::int64_t c = i % per_row, row = i / per_row;
     const std::int64_t h = row % a.heads_kv, j = row / a.heads_kv % a.seqlen_new, b = row / (a.heads_kv * a.seqlen_new);
     const detail::KvRow at = detail::kv_row(a, b, a.cache_seqlens[b] + j);
@@ -72,6 +70,46 @@ __global__ void append_kernel(const __grid_constant__ DecodeParams p) {
                 h * (is_k ? a.k_stride.head : a.v_stride.head) + e;
     *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
   }
+}
+
+std::int64_t check_count(const detail::AttnParams& a) {
+  return a.batch * (a.page_table != nullptr ? a.max_pages : 1);
+}
+std::int64_t append_chunks(const detail::AttnParams& a) {
+  return a.batch * a.seqlen_new * a.heads_kv * ((a.hdim + a.hdim_v) / 8);
+}
+
+__global__ void check_kernel(const __grid_constant__ DecodeParams p) {
+  check_indices(p, blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x, std::int64_t{gridDim.x} * blockDim.x,
+                &p.status->first_bad, &p.status->longest);
+}
+
+__global__ void append_kernel(const __grid_constant__ DecodeParams p) {
+  if (status_bad(*p.status, p.a.seqlen_k)) return;
+  append_rows(p, blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x, std::int64_t{gridDim.x} * blockDim.x);
+}
+
+// A small call's reset, check and append in one launch of one CTA (a decode step's usual case: a few sequences,
+// one new token): the verdict is reduced in shared memory, written to the status, and the append runs after the
+// CTA has seen it, so one kernel does what the memset and two kernels do for large calls.
+constexpr int kPrepareThreads = 1024;
+constexpr std::int64_t kPrepareMaxWork = 16 * kPrepareThreads;  // checks + chunks; beyond it, the grid-wide path
+__global__ void __launch_bounds__(kPrepareThreads) prepare_kernel(const __grid_constant__ DecodeParams p) {
+  __shared__ unsigned long long first_bad;
+  __shared__ int longest;
+  if (threadIdx.x == 0) {
+    first_bad = ~0ull;
+    longest = -1;
+  }
+  __syncthreads();
+  check_indices(p, threadIdx.x, blockDim.x, &first_bad, &longest);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    p.status->first_bad = first_bad;
+    p.status->longest = longest;
+  }
+  if (status_bad(Status{first_bad, longest, 0}, p.a.seqlen_k)) return;
+  append_rows(p, threadIdx.x, blockDim.x);
 }
 
 // One warp per query row (b, h, t): the splits' parts merged as merge_attention_states does.
@@ -114,14 +152,17 @@ unsigned blocks_for(std::int64_t n, int threads) {
 }  // namespace
 
 cudaError_t run_check_append(const DecodeParams& p, cudaStream_t stream) {
+  const std::int64_t checks = check_count(p.a), chunks = append_chunks(p.a);
+  if (checks + chunks <= kPrepareMaxWork) {
+    prepare_kernel<<<1, kPrepareThreads, 0, stream>>>(p);
+    return cudaGetLastError();
+  }
   cudaError_t e = cudaMemsetAsync(p.status, 0xff, sizeof(Status), stream);  // first_bad = ~0, longest = -1
   if (e != cudaSuccess) return e;
-  const std::int64_t checks = p.a.batch * (p.a.page_table != nullptr ? p.a.max_pages : 1);
   if (checks > 0) {
     check_kernel<<<blocks_for(checks, 256), 256, 0, stream>>>(p);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
   }
-  const std::int64_t chunks = p.a.batch * p.a.seqlen_new * p.a.heads_kv * ((p.a.hdim + p.a.hdim_v) / 8);
   if (chunks > 0) {
     append_kernel<<<blocks_for(chunks, 256), 256, 0, stream>>>(p);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;

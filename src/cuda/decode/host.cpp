@@ -6,11 +6,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <sstream>
+#include <vector>
 
 #include "flashtile/errors.h"
 #include "kernel_switch.h"
 #include "checks.h"
+#include "decode/launch.h"
 #include "runtime/runtime.h"
 
 namespace flashtile::cuda::decode {
@@ -61,6 +64,36 @@ T read_device(const T* src, cudaStream_t stream, const char* backend) {
         << " is outside [0, slots) (the cache's batch)";
   }
   throw InvalidArgument(m.str());
+}
+
+// The eager call's read-back of the verdict: a pinned host copy and an event recorded right after it, so the host
+// waits for the check alone while the decode runs on. One per thread and device (a thread waits on one call at a
+// time), made on the thread's first call and freed when it exits.
+struct Readback {
+  Status* host = nullptr;
+  cudaEvent_t copied = nullptr;
+  Readback() = default;
+  Readback(const Readback&) = delete;
+  Readback& operator=(const Readback&) = delete;
+  ~Readback() {
+    if (copied != nullptr) (void)cudaEventDestroy(copied);
+    if (host != nullptr) (void)cudaFreeHost(host);
+  }
+};
+
+Readback& readback(int device, const char* backend) {
+  thread_local std::vector<std::unique_ptr<Readback>> slots;  // by device index
+  if (slots.size() <= static_cast<std::size_t>(device)) slots.resize(static_cast<std::size_t>(device) + 1);
+  auto& r = slots[static_cast<std::size_t>(device)];
+  if (r == nullptr) {
+    auto made = std::make_unique<Readback>();
+    check(cudaHostAlloc(reinterpret_cast<void**>(&made->host), sizeof(Status), cudaHostAllocDefault), backend,
+          "cudaHostAlloc (kvcache index check)");
+    check(cudaEventCreateWithFlags(&made->copied, cudaEventDisableTiming), backend,
+          "cudaEventCreate (kvcache index check)");
+    r = std::move(made);
+  }
+  return *r;
 }
 
 }  // namespace
@@ -174,13 +207,21 @@ void run(const AttnParams& p, const char* backend) {
     k.o_part = reinterpret_cast<float*>(base + 256);
     k.lse_part = reinterpret_cast<float*>(base + 256 + (rows * static_cast<std::size_t>(p.hdim_v) * 4 + 255) / 256 * 256);
   }
-  check(launch_kvcache(elem_of(p.dtype), d.bucket, kind_of(p), k, stream), backend, "kvcache kernels launch");
+  // Reset, index check and append first; then, eager, the verdict's copy to pinned memory and an event behind it,
+  // before the decode is launched: the host waits for the check only, and the decode kernels (which do nothing on
+  // a bad verdict) are already queued when it throws.
+  check(run_check_append(k, stream), backend, "kvcache check and append launch");
+  Readback* rb = nullptr;
   if (!k.nan_on_bad) {
-    Status s{};
-    check(cudaMemcpyAsync(&s, k.status, sizeof(Status), cudaMemcpyDeviceToHost, stream), backend,
+    rb = &readback(p.device_index, backend);
+    check(cudaMemcpyAsync(rb->host, k.status, sizeof(Status), cudaMemcpyDeviceToHost, stream), backend,
           "cudaMemcpyAsync (kvcache index check)");
-    check(cudaStreamSynchronize(stream), backend, "cudaStreamSynchronize (kvcache index check)");
-    if (status_bad(s, p.seqlen_k)) refuse(p, s, stream, backend);
+    check(cudaEventRecord(rb->copied, stream), backend, "cudaEventRecord (kvcache index check)");
+  }
+  check(launch_kvcache(elem_of(p.dtype), d.bucket, kind_of(p), k, stream), backend, "kvcache kernels launch");
+  if (rb != nullptr) {
+    check(cudaEventSynchronize(rb->copied), backend, "cudaEventSynchronize (kvcache index check)");
+    if (status_bad(*rb->host, p.seqlen_k)) refuse(p, *rb->host, stream, backend);
   }
   ws.release();
 }

@@ -5,7 +5,8 @@
 // 64 per tile (params.h rows_per_tile).
 // Keys: the split's part of the key tiles the rows see (core/mask.h key_tiles; tiles outside the mask are never
 // loaded), 64 keys per tile, loaded with 16-byte cp.async into a ring of kStages stages (K and V both in flight;
-// a paged cache is gathered 16 rows at a time through core/params.h kv_row(), page_size being a multiple of 16).
+// a paged cache is gathered 16 rows at a time through core/params.h kv_place() / kv_offsets(), page_size being a
+// multiple of 16, with the block-table reads a tile ahead of the copies).
 // Warps: with 16 rows, each of the four warps takes 16 keys of every tile and keeps its own online softmax
 // (common/softmax.h) and output, so no cross-warp reduction runs in the mainloop; the four are merged at the end
 // as split parts are (decode/merge.h). With 64 rows, each warp owns 16 rows and sees the whole tile (the forward
@@ -136,17 +137,26 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   }
   cp_async_fence();
 
-  // K and V of key tile n into ring stage `stage`: 16-row groups, one kv_row() per group.
-  auto load_kv = [&](int n, int stage) {
+  // Where key tile n's 16-row groups live (kv_place: a paged cache's block-table reads). They are fetched one tile
+  // before the tile's copies are issued, so the gather's dependent load stays out of the copies' latency.
+  constexpr int kGroups = kBlockN / 16;
+  auto place_tile = [&](int n, detail::KvPlace (&at)[kGroups]) {
+    CUTE_UNROLL
+    for (int g = 0; g < kGroups; ++g) {
+      const int j0 = n * kBlockN + 16 * g;
+      at[g] = j0 < sk ? detail::kv_place(a, b, j0) : detail::KvPlace{};
+    }
+  };
+  // K and V of key tile n (its places `at`) into ring stage `stage`, 16-row group by group.
+  auto load_kv = [&](int n, const detail::KvPlace (&at)[kGroups], int stage) {
     constexpr int kRowsPerPass = kThreads / kChunks;
     const int c = tidx % kChunks * 8, rr = tidx / kChunks;
     Element* sk_stage = smem_k + stage * Tr::kStageElems;
     Element* sv_stage = smem_v + stage * Tr::kStageElems;
     CUTE_UNROLL
-    for (int g = 0; g < kBlockN / 16; ++g) {
+    for (int g = 0; g < kGroups; ++g) {
       const int j0 = n * kBlockN + 16 * g;
-      detail::KvRow base{0, 0};
-      if (j0 < sk) base = detail::kv_row(a, b, j0);
+      const detail::KvRow base = detail::kv_offsets(a, at[g]);
       CUTE_UNROLL
       for (int q = 0; q < 16 / kRowsPerPass; ++q) {
         const int r = q * kRowsPerPass + rr;
@@ -157,11 +167,16 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
       }
     }
   };
+  detail::KvPlace ahead[kGroups];
   CUTE_UNROLL
   for (int s = 0; s < kStages - 1; ++s) {
-    if (it_begin + s < it_end) load_kv(it_begin + s, s);
+    if (it_begin + s < it_end) {
+      place_tile(it_begin + s, ahead);
+      load_kv(it_begin + s, ahead, s);
+    }
     cp_async_fence();  // one group per stage, empty or not, so that the wait counts below hold
   }
+  if (it_begin + kStages - 1 < it_end) place_tile(it_begin + kStages - 1, ahead);
 
   typename Tr::TiledMma mma;
   auto thr_mma = mma.get_thread_slice(mma_idx);
@@ -226,7 +241,10 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     cp_async_wait<kStages - 2>();
     __syncthreads();  // tile `it` landed; every warp is done with the stage the next load overwrites
     const int stage = (it - it_begin) % kStages;
-    if (it + kStages - 1 < it_end) load_kv(it + kStages - 1, (it + kStages - 1 - it_begin) % kStages);
+    if (it + kStages - 1 < it_end) {
+      load_kv(it + kStages - 1, ahead, (it + kStages - 1 - it_begin) % kStages);
+      if (it + kStages < it_end) place_tile(it + kStages, ahead);
+    }
     cp_async_fence();
 
     const int n0 = it * kBlockN, nw = n0 + part * kPartN;

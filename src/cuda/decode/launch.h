@@ -12,7 +12,8 @@ struct Variant;
 
 namespace flashtile::cuda::decode {
 
-// Resets the status, runs the device-side index check, then the append (which does nothing on a bad status).
+// Resets the status, runs the device-side index check, then the append (which does nothing on a bad status): one
+// CTA in one launch for a small call, a memset and two grid-wide kernels for a large one.
 cudaError_t run_check_append(const DecodeParams& p, cudaStream_t stream);  // aux.cu
 // Merges the splits' parts into out / lse (splits > 1).
 cudaError_t run_combine(bool fp16, const DecodeParams& p, cudaStream_t stream);  // aux.cu

@@ -36,10 +36,10 @@ constexpr int decode_smem_bytes(int bucket, int rows) {
   return (rows * bucket + 2 * decode_stages(bucket) * kBlockN * bucket) * 2;
 }
 
-// The device-side index check's verdict, in the workspace's first bytes. The host sets every byte to 0xff
-// (cudaMemsetAsync) and the check kernel lowers first_bad (atomicMin) to the first bad index in the CPU
-// validation's order (sequence b, then its cache_seqlens before its block-table entries t) and raises longest
-// (atomicMax) to the longest L_b. Good: first_bad = ~0 and longest <= seqlen_k (the max_seqlen_k bound).
+// The device-side index check's verdict, in the workspace's first bytes. It starts at first_bad = ~0, longest = -1
+// (prepare_kernel's own reset, or a memset of 0xff before the grid-wide check) and the check lowers first_bad
+// (atomicMin) to the first bad index in the CPU validation's order (sequence b, then its cache_seqlens before its
+// block-table entries t) and raises longest (atomicMax) to the longest L_b. Good: first_bad = ~0 and longest <= seqlen_k (the max_seqlen_k bound).
 enum Code : unsigned {
   kSeqlenNegative = 1,  // cache_seqlens[b] < 0
   kSeqlenTooLong = 2,   // cache_seqlens[b] + Snew > the cache's rows
