@@ -67,7 +67,8 @@ void note_rest(const AttnParams& p, const Options& o, DispatchReport& report, co
   }
 }
 
-// Picks the backend and fills the report; throws UnsupportedError when nothing may run.
+// Picks the backend and fills the report with the backends refused before it (note_rest lists the others);
+// throws UnsupportedError when nothing may run.
 const Backend* choose(const AttnParams& p, const Options& o, DispatchReport& report, const char* op) {
   report = DispatchReport{};
   report.requested = o.backend;
@@ -81,10 +82,7 @@ const Backend* choose(const AttnParams& p, const Options& o, DispatchReport& rep
       throw InvalidArgument(s.str());
     }
     Reasons why = named->can_run(p);
-    if (why.empty()) {
-      note_rest(p, o, report, named);
-      return named;
-    }
+    if (why.empty()) return named;
     report.refused.push_back({named->name(), std::move(why)});
     if (o.strict)
       throw UnsupportedError(std::string("flashtile.") + op + ": strict mode: backend '" + o.backend +
@@ -103,7 +101,6 @@ const Backend* choose(const AttnParams& p, const Options& o, DispatchReport& rep
       if (o.strict && o.backend == "auto" && !first_choice)
         throw UnsupportedError(std::string("flashtile.") + op + ": strict mode: auto would fall back to '" +
                                b->name() + "' because faster backends refused:" + list_reasons(report.refused));
-      note_rest(p, o, report, b.get());
       return b.get();
     }
     // A backend for another device is not a fallback candidate for strict auto.
@@ -153,13 +150,14 @@ DispatchReport run(const AttnParams& p, const Options& o, const char* op, bool e
     if (execute) throw;
     return report;  // explain(): nothing would run; the report lists every refusal
   }
+  // The kernels first: the report's text (plan, the other backends' reasons) is host work a GPU call does while
+  // its kernels run, not before they start.
+  if (execute && (!p.empty() || (p.kvcache && p.seqlen_new > 0))) b->run(p);  // an append without queries writes
+  note_rest(p, o, report, b);
   report.ran = b->plan(p);
   if (report.ran.mask.empty()) report.ran.mask = mask_name(p);
   if (report.ran.score_hooks.empty()) report.ran.score_hooks = score_hooks(p);
-  if (execute) {
-    if (!p.empty() || (p.kvcache && p.seqlen_new > 0)) b->run(p);  // an append without queries still writes
-    g_last = report;
-  }
+  if (execute) g_last = report;
   return report;
 }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "core/params.h"
+#include "decode/dependent_launch.h"
 #include "decode/launch.h"
 #include "core/merge_rule.h"
 
@@ -72,6 +73,16 @@ __device__ void append_rows(const DecodeParams& p, std::int64_t begin, std::int6
   }
 }
 
+// The verdict to the host's pinned copy (eager calls): the fields, a system-wide fence, then the ticket the host
+// waits for.
+__device__ void publish(const DecodeParams& p, unsigned long long first_bad, int longest) {
+  if (p.host_status == nullptr) return;
+  p.host_status->first_bad = first_bad;
+  p.host_status->longest = longest;
+  __threadfence_system();
+  *static_cast<volatile unsigned*>(&p.host_status->ticket) = p.ticket;
+}
+
 std::int64_t check_count(const detail::AttnParams& a) {
   return a.batch * (a.page_table != nullptr ? a.max_pages : 1);
 }
@@ -84,7 +95,9 @@ __global__ void check_kernel(const __grid_constant__ DecodeParams p) {
                 &p.status->first_bad, &p.status->longest);
 }
 
+// Launched with at least one block (also without new rows): its first thread publishes the grid-wide verdict.
 __global__ void append_kernel(const __grid_constant__ DecodeParams p) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) publish(p, p.status->first_bad, p.status->longest);
   if (status_bad(*p.status, p.a.seqlen_k)) return;
   append_rows(p, blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x, std::int64_t{gridDim.x} * blockDim.x);
 }
@@ -97,6 +110,7 @@ constexpr std::int64_t kPrepareMaxWork = 16 * kPrepareThreads;  // checks + chun
 __global__ void __launch_bounds__(kPrepareThreads) prepare_kernel(const __grid_constant__ DecodeParams p) {
   __shared__ unsigned long long first_bad;
   __shared__ int longest;
+  allow_dependents();  // the decode's CTAs may start launching; they wait for this kernel before reading anything
   if (threadIdx.x == 0) {
     first_bad = ~0ull;
     longest = -1;
@@ -107,6 +121,7 @@ __global__ void __launch_bounds__(kPrepareThreads) prepare_kernel(const __grid_c
   if (threadIdx.x == 0) {
     p.status->first_bad = first_bad;
     p.status->longest = longest;
+    publish(p, first_bad, longest);
   }
   if (status_bad(Status{first_bad, longest, 0}, p.a.seqlen_k)) return;
   append_rows(p, threadIdx.x, blockDim.x);
@@ -121,6 +136,7 @@ __global__ void combine_kernel(const __grid_constant__ DecodeParams p) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const std::int64_t rows = a.batch * a.heads_q * a.seqlen_q;
   const std::int64_t row = blockIdx.x * std::int64_t{kCombineWarps} + warp;
+  wait_for_prior_grid();  // the decode kernel's parts
   if (row >= rows) return;
   const std::int64_t t = row % a.seqlen_q, h = row / a.seqlen_q % a.heads_q, b = row / (a.seqlen_q * a.heads_q);
   const int dv = static_cast<int>(a.hdim_v);
@@ -163,22 +179,16 @@ cudaError_t run_check_append(const DecodeParams& p, cudaStream_t stream) {
     check_kernel<<<blocks_for(checks, 256), 256, 0, stream>>>(p);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
   }
-  if (chunks > 0) {
-    append_kernel<<<blocks_for(chunks, 256), 256, 0, stream>>>(p);
-    if ((e = cudaGetLastError()) != cudaSuccess) return e;
-  }
-  return cudaSuccess;
+  append_kernel<<<blocks_for(chunks, 256), 256, 0, stream>>>(p);  // also without new rows: it publishes the verdict
+  return cudaGetLastError();
 }
 
 cudaError_t run_combine(bool fp16, const DecodeParams& p, cudaStream_t stream) {
   const std::int64_t rows = p.a.batch * p.a.heads_q * p.a.seqlen_q;
   if (rows == 0) return cudaSuccess;
   const auto blocks = static_cast<unsigned>((rows + kCombineWarps - 1) / kCombineWarps);
-  if (fp16)
-    combine_kernel<cutlass::half_t><<<blocks, kCombineWarps * 32, 0, stream>>>(p);
-  else
-    combine_kernel<cutlass::bfloat16_t><<<blocks, kCombineWarps * 32, 0, stream>>>(p);
-  return cudaGetLastError();
+  if (fp16) return launch_dependent(combine_kernel<cutlass::half_t>, blocks, kCombineWarps * 32, 0, stream, p);
+  return launch_dependent(combine_kernel<cutlass::bfloat16_t>, blocks, kCombineWarps * 32, 0, stream, p);
 }
 
 }  // namespace flashtile::cuda::decode

@@ -2,6 +2,7 @@
 // as the host's plan chose (p.rows_per_tile).
 #pragma once
 
+#include "decode/dependent_launch.h"
 #include "decode/kernel.h"
 #include "decode/launch.h"
 
@@ -18,8 +19,7 @@ cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.row_tiles * p.splits), static_cast<unsigned>(p.a.heads_kv),
                   static_cast<unsigned>(p.a.batch));
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return cudaSuccess;
-  kernel<<<grid, kThreads, smem, stream>>>(p);
-  return cudaGetLastError();
+  return launch_dependent(kernel, grid, kThreads, smem, stream, p);
 }
 
 template <class Element, int kHeadDim, class V>

@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -66,17 +67,19 @@ T read_device(const T* src, cudaStream_t stream, const char* backend) {
   throw InvalidArgument(m.str());
 }
 
-// The eager call's read-back of the verdict: a pinned host copy and an event recorded right after it, so the host
-// waits for the check alone while the decode runs on. One per thread and device (a thread waits on one call at a
-// time), made on the thread's first call and freed when it exits.
+// The eager call's read-back of the verdict: pinned host memory mapped into the device's address space, which the
+// prepare (or append) kernel writes with the call's ticket. The host waits for the ticket, not for a stream
+// operation, so nothing sits between the check and the decode on the stream and the decode runs on while the host
+// reads the verdict. One per thread and device (a thread waits on one call at a time), made on the thread's first
+// call and freed when it exits.
 struct Readback {
   Status* host = nullptr;
-  cudaEvent_t copied = nullptr;
+  Status* device = nullptr;  // the same memory, as the kernels address it
+  unsigned ticket = 0;       // the last call's number
   Readback() = default;
   Readback(const Readback&) = delete;
   Readback& operator=(const Readback&) = delete;
   ~Readback() {
-    if (copied != nullptr) (void)cudaEventDestroy(copied);
     if (host != nullptr) (void)cudaFreeHost(host);
   }
 };
@@ -87,13 +90,30 @@ Readback& readback(int device, const char* backend) {
   auto& r = slots[static_cast<std::size_t>(device)];
   if (r == nullptr) {
     auto made = std::make_unique<Readback>();
-    check(cudaHostAlloc(reinterpret_cast<void**>(&made->host), sizeof(Status), cudaHostAllocDefault), backend,
+    check(cudaHostAlloc(reinterpret_cast<void**>(&made->host), sizeof(Status), cudaHostAllocMapped), backend,
           "cudaHostAlloc (kvcache index check)");
-    check(cudaEventCreateWithFlags(&made->copied, cudaEventDisableTiming), backend,
-          "cudaEventCreate (kvcache index check)");
+    made->host->ticket = 0;
+    check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&made->device), made->host, 0), backend,
+          "cudaHostGetDevicePointer (kvcache index check)");
     r = std::move(made);
   }
   return *r;
+}
+
+// Waits until the kernels published call `ticket`'s verdict. The stream is asked now and then, so that a failed
+// launch or a faulting kernel before it surfaces as an error instead of a wait without end.
+Status wait_verdict(const Readback& r, unsigned ticket, cudaStream_t stream, const char* backend) {
+  const volatile Status* seen = r.host;
+  for (unsigned spins = 1; seen->ticket != ticket; ++spins) {
+    if (spins % 256 != 0) continue;
+    const cudaError_t e = cudaStreamQuery(stream);
+    if (e == cudaErrorNotReady) continue;
+    check(e, backend, "cudaStreamQuery (kvcache index check)");
+    if (seen->ticket != ticket) throw BackendError(std::string(backend) + ": the kvcache index check's verdict never "
+                                                   "arrived (the stream completed without it)");
+  }
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return Status{seen->first_bad, seen->longest, ticket};
 }
 
 }  // namespace
@@ -207,21 +227,23 @@ void run(const AttnParams& p, const char* backend) {
     k.o_part = reinterpret_cast<float*>(base + 256);
     k.lse_part = reinterpret_cast<float*>(base + 256 + (rows * static_cast<std::size_t>(p.hdim_v) * 4 + 255) / 256 * 256);
   }
-  // Reset, index check and append first; then, eager, the verdict's copy to pinned memory and an event behind it,
-  // before the decode is launched: the host waits for the check only, and the decode kernels (which do nothing on
-  // a bad verdict) are already queued when it throws.
-  check(run_check_append(k, stream), backend, "kvcache check and append launch");
+  // Reset, index check and append, then the decode and the combine, each launched as soon as the one before allows
+  // (compute capability >= 9.0). Eager, the host then waits for the verdict alone (published to pinned memory by the
+  // check's last kernel) while the decode runs; the decode kernels do nothing on a bad verdict, so a refusal
+  // thrown after they were queued still leaves everything unchanged.
   Readback* rb = nullptr;
   if (!k.nan_on_bad) {
     rb = &readback(p.device_index, backend);
-    check(cudaMemcpyAsync(rb->host, k.status, sizeof(Status), cudaMemcpyDeviceToHost, stream), backend,
-          "cudaMemcpyAsync (kvcache index check)");
-    check(cudaEventRecord(rb->copied, stream), backend, "cudaEventRecord (kvcache index check)");
+    k.host_status = rb->device;
+    k.ticket = ++rb->ticket;
   }
+  const Gpu* g = gpu(p.device_index);
+  k.dependent_launch = g != nullptr && g->major >= 9;
+  check(run_check_append(k, stream), backend, "kvcache check and append launch");
   check(launch_kvcache(elem_of(p.dtype), d.bucket, kind_of(p), k, stream), backend, "kvcache kernels launch");
   if (rb != nullptr) {
-    check(cudaEventSynchronize(rb->copied), backend, "cudaEventSynchronize (kvcache index check)");
-    if (status_bad(*rb->host, p.seqlen_k)) refuse(p, *rb->host, stream, backend);
+    const Status s = wait_verdict(*rb, k.ticket, stream, backend);
+    if (status_bad(s, p.seqlen_k)) refuse(p, s, stream, backend);
   }
   ws.release();
 }

@@ -16,6 +16,7 @@
 #include "common/mask.h"
 #include "common/softmax.h"
 #include "core/merge_rule.h"
+#include "decode/dependent_launch.h"
 #include "decode/params.h"
 #include "sm80/traits.h"
 
@@ -97,6 +98,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   const int hdim = static_cast<int>(a.hdim), hdim_v = static_cast<int>(a.hdim_v);
   Element* out = static_cast<Element*>(a.out);
 
+  wait_for_prior_grid();  // the prepare (or append) kernel's verdict and rows
   if (status_bad(*p.status, a.seqlen_k)) {  // the check kernel refused an index: nothing is read
     if (p.nan_on_bad && p.splits == 1) {
       for (int i = tidx; i < nrows * hdim_v; i += kThreads) {
@@ -279,7 +281,9 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   }
 
   // Epilogue: each part's normalised O and LSE through shared memory (the ring is free after the waits), merged
-  // over the parts; written to out / lse, or as this split's part to the workspace.
+  // over the parts; written to out / lse, or as this split's part to the workspace. The combine kernel may start
+  // launching now (it waits for this grid's completion before it reads a part).
+  allow_dependents();
   cp_async_wait<0>();
   __syncthreads();
   float lse[kRows];

@@ -49,7 +49,7 @@ enum Code : unsigned {
 struct Status {
   unsigned long long first_bad;  // b << 35 | t << 3 | code
   int longest;
-  int unused;
+  unsigned ticket;  // the host's copy (Readback): the call's number, written last, once the verdict is there
 };
 FT_HOST_DEVICE unsigned long long bad_key(std::int64_t b, std::int64_t t, unsigned code) {
   return static_cast<unsigned long long>(b) << 35 | static_cast<unsigned long long>(t) << 3 | code;
@@ -67,6 +67,11 @@ struct DecodeParams : FwdParams {
   int row_tiles = 1;          // ceil(G · Sq / rows_per_tile) per KV head
   std::int64_t num_slots = 0; // pages (paged) or cache slots (contiguous): AttnParams::cache_slots
   bool nan_on_bad = false;    // capturing or async_index_check: a bad status leaves NaN in out / lse (no read-back)
+  // Eager calls: the verdict is published to pinned host memory (mapped) with this call's ticket, for the host to
+  // wait on without a stream operation between the check and the decode; null otherwise.
+  Status* host_status = nullptr;
+  unsigned ticket = 0;
+  bool dependent_launch = false;  // compute capability >= 9.0: the decode and combine launched programmatically
 };
 
 // Workspace layout: Status (256 bytes), then o_part and lse_part when splits > 1 (each 256-byte aligned).
