@@ -13,10 +13,11 @@ those of the contiguous cell with the same shape (the same values and the same w
 GB/s counts the bytes of K and V the call must read: B · L · Hkv · (D + Dv) · 2; % is of the H200's 4.8 TB/s.
 Timing: CUDA events around each call, 5 warm-up calls, median of --reps (>= 20). FlashTile is timed on its C ABI
 call with the arguments built once (gpu_bench.py kvcache_call). Its eager call reads the device-side index check's
-verdict back (copied to pinned memory right after the check; the host waits for that copy while the decode runs;
+verdict back (written by the check's last kernel to mapped pinned memory; the host waits for it while the decode runs;
 a CUDA graph replay skips it), which the events include; 'async' is the call with async_index_check; the "device"
 column is the median over calls of the device time of the call's own kernels (prepare or memset + check + append,
-decode, combine) from torch.profiler (CUPTI), the figure a graph replay approaches; 'host µs' is the host time per
+decode, combine: the first one's start to the last one's end) from torch.profiler (CUPTI), the figure a graph
+replay approaches; 'host µs' is the host time per
 call of 50 calls issued without waiting.
 
     python3 bench/gpu_decode.py --lib build/gpu/src/libflashtile_capi.so --out bench/results/h200-decode
@@ -76,7 +77,9 @@ def host_us(fn, calls=50):
 
 
 def device_ms(fn, reps):
-    """Median over `reps` calls of the device time of FlashTile's own ops (torch.profiler, CUPTI), or None."""
+    """Median over `reps` calls of the device time of FlashTile's call: from the start of its first kernel to the end
+    of its last (torch.profiler, CUPTI), gaps included; kernels overlap under programmatic dependent launch, so their
+    durations are not summed. None without a profiler."""
     try:
         from torch.autograd import DeviceType
         from torch.profiler import ProfilerActivity, profile
@@ -86,14 +89,13 @@ def device_ms(fn, reps):
             torch.cuda.synchronize()
         evs = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA),
                      key=lambda e: e.time_range.start)
-        calls, cur = [], None
+        calls = []
         for e in evs:
             if any(first in e.name for first in FT_FIRST_OPS):  # every call starts with one of them
-                cur = {"us": 0.0}
-                calls.append(cur)
-            if cur is not None and any(op in e.name for op in FT_OPS):
-                cur["us"] += e.time_range.end - e.time_range.start
-        per_call = [c["us"] / 1e3 for c in calls]
+                calls.append([e.time_range.start, e.time_range.end])
+            elif calls and any(op in e.name for op in FT_OPS):
+                calls[-1][1] = max(calls[-1][1], e.time_range.end)
+        per_call = [(end - start) / 1e3 for start, end in calls]
         return statistics.median(per_call) if len(per_call) >= reps // 2 else None
     except Exception as e:  # no CUPTI: the events' figure stands alone
         print(f"profiler unavailable: {e}", file=sys.stderr)
@@ -176,9 +178,10 @@ def markdown(meta, rows):
              "GB/s = bytes of K+V the call reads / median time over "
              f"{meta['reps']} calls after 5 warm-up calls, CUDA events; % = of the {HBM_PEAK_GBS:.0f} GB/s HBM peak. "
              "FlashTile is timed on its C ABI call with the arguments built once (what a C++ decode loop pays). "
-             "Its events include the index check's read-back (the verdict copied to pinned memory right after the "
-             "check kernel; the host waits for that copy, not for the decode); 'async' times the same call with "
-             "async_index_check (no read-back); 'device' is the median device time of its kernels (torch.profiler), "
+             "Its events include the index check's read-back (the verdict, which the check's last kernel writes to "
+             "mapped pinned memory; the host waits for it while the decode runs); 'async' times the same call with "
+             "async_index_check (no read-back); 'device' is the median device time of its kernels, the first one's start to "
+             "the last one's end (torch.profiler), "
              "what a CUDA-graph replay approaches. 'host µs' is the host time per call of 50 calls issued without "
              "waiting (FlashTile async, and torch flash): above the device time, an eager loop is host-bound. "
              "torch: scaled_dot_product_attention with enable_gqa=True on (B, H, L, D) "
