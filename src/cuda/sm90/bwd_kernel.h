@@ -9,8 +9,9 @@
 //   P^T = exp2(S^T scale log2e - lse_log2) while dP^T's product runs; dV += P^T dO issued, then
 //   dS^T = P^T (dP^T - dsum) while dV's product runs; dK += dS^T Q  (P^T, dS^T from registers, dO, Q MN-major)
 //   dS^T to shared memory (stmatrix, two buffers: one barrier per step); both warpgroups: dQ_j = dS K (each one
-//   half of the head dim), added to the fp32 workspace with 16-byte reductions in the thread order dq_convert
-//   reads back; deterministic mode adds in key-block order (a turn counter per query block).
+//   half of the head dim), stored to shared memory in the thread order dq_convert reads back, and added to the
+//   fp32 workspace by warp 1 of the producer warpgroup in one bulk reduction (TMA) per step; deterministic mode
+//   adds in key-block order (a turn counter per query block).
 // dK = softmax_scale * sum dS^T Q and dV are written once at the end (rows below the sequence's keys).
 #pragma once
 
@@ -73,6 +74,9 @@ struct BwdTraits {
     alignas(1024) Element q[cosize_v<SmemLayoutQ>];
     alignas(1024) Element dout[cosize_v<SmemLayoutQ>];
     alignas(1024) Element ds[cosize_v<SmemLayoutdS>];
+    alignas(128) float dq[kBlockM * kHeadDim];      // the step's dQ, in the workspace's order, for the bulk add
+    std::int64_t dq_row;                             // its first workspace row
+    int dq_turn;                                     // deterministic mode: the key blocks that add before it
     alignas(16) float lse_log2[kStages][kBlockM];  // the step's rows of the workspace, loaded with Q and dO
     alignas(16) float dsum[kStages][kBlockM];
     alignas(16) uint64_t barrier_kv;
@@ -102,10 +106,20 @@ struct BwdKernelParams {
 // floats per 16-byte reduction (dq_convert_kernel reads it back with the same TiledMmadQ partition).
 CUTE_DEVICE int dq_offset(int i, int tidx) { return (i / 4) * 4 * 256 + 4 * tidx + i % 4; }
 
-CUTE_DEVICE void red_add4(float* dst, float a, float b, float c, float d) {
-  asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "f"(a), "f"(b), "f"(c), "f"(d)
+// dst[0 .. bytes / 4) += src[...] (fp32), one asynchronous bulk reduction from shared to global memory (the TMA
+// unit; CuTe has only the tensor form). Completion: cp.async.bulk.commit_group / wait_group.
+CUTE_DEVICE void bulk_reduce_add(float* dst, const float* src, int bytes) {
+  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(src));
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(dst), "r"(s),
+               "r"(bytes)
                : "memory");
 }
+CUTE_DEVICE void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+
+// Named barriers of the dQ hand-over between the consumers (256 threads) and the dQ writer warp (32): the
+// consumers arrive on kDqFull once the step's dQ is in shared memory; the writer arrives on kDqEmpty once the
+// bulk add has read it. (Barrier 1 is the consumers' own, for dS.)
+constexpr int kDqFull = 3, kDqEmpty = 4, kDqThreads = 256 + 32;
 
 template <class Traits, class V>
 __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_constant__ BwdKernelParams<Traits> kp) {
@@ -158,7 +172,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
   Tensor sdO = make_tensor(make_smem_ptr(ss.dout), typename Traits::SmemLayoutQ{});
 
   if (warpgroup == 0) {
-    cutlass::arch::warpgroup_reg_dealloc<24>();
+    cutlass::arch::warpgroup_reg_dealloc<32>();  // 128 x 32 + 256 x 240 = the 64K registers
     if (warp == 0 && lane_leader && steps > 0) {
       Tensor mK = domain_offset(make_coord(static_cast<int>(seq.k_row0), _0{}),
                                 kp.tma_k.get_tma_tensor(kp.shape_k)(_, _, hk, bq));
@@ -196,6 +210,36 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
           ++write;
         }
       }
+    } else if (warp == 1 && steps > 0) {
+      // The dQ writer: each step's dQ block from shared memory to the fp32 workspace in one bulk reduction; in
+      // deterministic mode after the key blocks before this one have added theirs (a turn counter per block). The
+      // consumers leave the block's row and turn beside it (this warp has 32 registers).
+      for (int step = 0; step < steps; ++step) {
+        cutlass::arch::NamedBarrier::sync(kDqThreads, kDqFull);
+        if (lane_leader) {
+          const std::int64_t row = ss.dq_row;
+          int* turn_counter = p.dq_semaphore + row / kBlockM;
+          if (a.deterministic) {
+            const int turn = ss.dq_turn;
+            int seen;
+            do {
+              asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(turn_counter) : "memory");
+            } while (seen != turn);
+          }
+          bulk_reduce_add(p.dq_accum + row * kD, ss.dq, kBlockM * kD * int(sizeof(float)));
+          tma_store_arrive();
+          if (a.deterministic) {  // this block's sums complete and visible before the next key block's turn
+            bulk_wait_all();
+            __threadfence();
+            atomicAdd(turn_counter, 1);
+          } else {
+            tma_store_wait<0>();  // read: the buffer is free
+          }
+        }
+        __syncwarp();
+        if (step + 1 < steps) cutlass::arch::NamedBarrier::arrive(kDqThreads, kDqEmpty);
+      }
+      if (lane_leader) bulk_wait_all();
     }
     return;
   }
@@ -241,7 +285,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
 
   if (steps > 0) cutlass::arch::ClusterTransactionBarrier::wait(&ss.barrier_kv, 0);
   cutlass::PipelineState<Traits::kStages> read;
-  int buf = 0;  // dS buffer
+  int buf = 0;   // dS buffer
+  int step = 0;  // steps done (the dQ hand-over's count)
   for (int g = 0; g < p.group && steps > 0; ++g) {
     const int h = hk * p.group + g;
     if constexpr (kHooks) hook = TileHook::make(detail::ScoreHook::make(a, seq, b, h));
@@ -318,28 +363,22 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
       pipeline.consumer_release(read);  // Q_j, dO_j no longer read
       ++read;
       buf ^= 1;
-      float* dq_blk = p.dq_accum + (ws_head + m0) * kD;
-      int* turn_counter = nullptr;
-      if (a.deterministic) {  // key blocks add to this query block in their order: wait for the previous one
-        turn_counter = p.dq_semaphore + (ws_head + m0) / kBlockM;
+      // dQ to shared memory in the workspace's order, for the writer warp's bulk add (once it has read the last
+      // step's).
+      if (step > 0) cutlass::arch::NamedBarrier::sync(kDqThreads, kDqEmpty);
+      if (tidx == 0) {  // where it goes, and in deterministic mode after which key blocks' sums
+        ss.dq_row = ws_head + m0;
         int turn = n_block;
         if constexpr (kMasked) turn -= static_cast<int>(pol.key_tiles(m0, min(kBlockM, sq - m0), kBlockN).begin);
-        if (tidx == 0) {
-          int seen;
-          do {
-            asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(turn_counter) : "memory");
-          } while (seen != turn);
-        }
-        cutlass::arch::NamedBarrier::sync(Traits::kMmaThreads, 2);
+        ss.dq_turn = turn;
       }
       CUTE_UNROLL
       for (int i = 0; i < size(acc_dq); i += 4)
-        red_add4(dq_blk + dq_offset(i, tidx), acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3));
-      if (a.deterministic) {  // this block's sums visible before the next key block's turn
-        __threadfence();
-        cutlass::arch::NamedBarrier::sync(Traits::kMmaThreads, 2);
-        if (tidx == 0) atomicAdd(turn_counter, 1);
-      }
+        *reinterpret_cast<float4*>(ss.dq + dq_offset(i, tidx)) =
+            make_float4(acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3));
+      cutlass::arch::fence_view_async_shared();  // generic-proxy stores, read next by the bulk copy
+      cutlass::arch::NamedBarrier::arrive(kDqThreads, kDqFull);
+      ++step;
     }
   }
 
@@ -391,14 +430,21 @@ __global__ void __launch_bounds__(256) dq_convert_kernel(const __grid_constant__
   Element* dq_bh = static_cast<Element*>(a.dq) + b * a.dq_stride.batch + seq.q_row0 * a.dq_stride.row +
                    h * a.dq_stride.head;
   const int hdim = static_cast<int>(a.hdim);
+  // Elements i .. i + 3 are one 16-byte load (dq_offset); (i, i + 1) and (i + 2, i + 3) are pairs of adjacent
+  // columns of two rows.
   CUTE_UNROLL
-  for (int i = 0; i < size(acc); i += 2) {
-    const int row = m0 + get<0>(coord(i)), col = get<1>(coord(i));
-    if (row >= sq || col >= hdim) continue;
-    cutlass::Array<Element, 2> x;
-    x[0] = Element(src[dq_offset(i, tidx)] * a.softmax_scale);
-    x[1] = Element(src[dq_offset(i + 1, tidx)] * a.softmax_scale);
-    *reinterpret_cast<cutlass::Array<Element, 2>*>(dq_bh + row * a.dq_stride.row + col) = x;
+  for (int i = 0; i < size(acc); i += 4) {
+    const float4 v = *reinterpret_cast<const float4*>(src + dq_offset(i, tidx));
+    const float pairs[2][2] = {{v.x, v.y}, {v.z, v.w}};
+    CUTE_UNROLL
+    for (int j = 0; j < 2; ++j) {
+      const int row = m0 + get<0>(coord(i + 2 * j)), col = get<1>(coord(i + 2 * j));
+      if (row >= sq || col >= hdim) continue;
+      cutlass::Array<Element, 2> x;
+      x[0] = Element(pairs[j][0] * a.softmax_scale);
+      x[1] = Element(pairs[j][1] * a.softmax_scale);
+      *reinterpret_cast<cutlass::Array<Element, 2>*>(dq_bh + row * a.dq_stride.row + col) = x;
+    }
   }
 }
 
