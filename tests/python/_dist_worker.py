@@ -14,7 +14,7 @@ import torch.distributed as dist
 import flashtile
 import flashtile.distributed as ftd
 from flashtile.distributed._plan import segments
-from test_variants import close, reference
+from test_variants import EPS32, reference
 
 WORLD = 4
 MASKS = {"full": dict(), "causal": dict(causal=True), "window": dict(window_size=(5, 3)),
@@ -73,17 +73,23 @@ def _heads(case, world):
 
 
 def _check_all(name, got, ref64, std, rows, dim):
-    """close() on this rank's rows of each (got, ref64, std) triple. The single-process call must itself be near the
-    reference (1e-5 of its largest value, ~100 float32 ulps): otherwise a wrong reference would make the tolerance
-    (a multiple of that distance) too wide to fail."""
+    """Each of this rank's (out, lse, dq, dk, dv) against its rows of the float64 reference: error at most 4 times
+    the single-process call's error on the whole tensor plus 64 float32 ulps of the tensor's largest value (the
+    rule of test_variants.close, on whole-tensor figures: a shard can be nearly zero, e.g. dq of rows that see one
+    key). The single-process call must itself be near the reference (3e-5 of the largest value, ~250 float32
+    ulps): a wrong reference would otherwise widen the tolerance until nothing fails."""
     for what, g, r, s in zip(("out", "lse", "dq", "dk", "dv"), got, ref64, std):
         d = dim if what != "lse" else -1
-        r, s = r.index_select(d, rows).detach(), s.index_select(d, rows).detach()
+        r, s, g = r.detach(), s.detach().double(), g.detach().double()
         finite = torch.isfinite(r)
-        if finite.any():
-            base = (s.double() - r)[finite].abs().max().item()
-            assert base <= 1e-5 * r[finite].abs().max().item(), f"{name} {what}: single-process error {base:.3g}"
-        close(f"{name} {what}", g, r, s)
+        scale = r[finite].abs().max().item()
+        base = (s - r)[finite].abs().max().item()
+        assert base <= 3e-5 * scale, f"{name} {what}: single-process error {base:.3g} of {scale:.3g}"
+        r_mine = r.index_select(d, rows)
+        assert torch.equal(torch.isfinite(g), torch.isfinite(r_mine)), f"{name} {what}: -inf / finite pattern differs"
+        ok = torch.isfinite(r_mine)
+        err = (g - r_mine)[ok].abs().max().item() if ok.any() else 0.0
+        assert err <= 4 * base + 64 * EPS32 * scale, f"{name} {what}: error {err:.3g}, single process {base:.3g}"
 
 
 def _dense(case, gen, group, rank):
