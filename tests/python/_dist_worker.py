@@ -211,7 +211,8 @@ def _error(case, gen, group, rank):
 
 
 def main(rank, init, seed, queue):
-    results = {}
+    """Sends (rank, case, None or the failure's text) per case as it finishes, then (rank, "<done>", None): a hang
+    fails the cases not yet reported, not the whole run."""
     try:
         dist.init_process_group("gloo", init_method=init, rank=rank, world_size=WORLD,
                                 timeout=datetime.timedelta(seconds=60))
@@ -225,11 +226,11 @@ def main(rank, init, seed, queue):
             gen = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{name}".encode()))
             try:
                 run[case["kind"]](case, gen, groups[case["world"]], rank)
-                results[name] = None
+                queue.put((rank, name, None))
             except Exception as e:  # noqa: BLE001 (reported to the test, which fails)
-                results[name] = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}"
+                queue.put((rank, name, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}"))
         dist.barrier()
         dist.destroy_process_group()
+        queue.put((rank, "<done>", None))
     except Exception:  # noqa: BLE001
-        results["<worker>"] = traceback.format_exc()
-    queue.put((rank, results))
+        queue.put((rank, "<done>", traceback.format_exc()))

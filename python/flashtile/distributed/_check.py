@@ -5,6 +5,7 @@ point-to-point call is posted (a rank that raised alone would leave its peers wa
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass, field
 from typing import List, Optional
 
@@ -103,23 +104,70 @@ def _signature(q, k, v, opts):
                 hkv=k.shape[-2], d=q.shape[-1], dv=v.shape[-1], **opts)
 
 
+def _comm_device(group):
+    """Where the group's collectives take tensors: the current CUDA device for NCCL, else the CPU."""
+    if str(dist.get_backend(group)).lower() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _digest(obj) -> int:
+    text = repr(obj).encode()
+    return (zlib.crc32(text) << 31) ^ zlib.adler32(text)  # < 2**63: fits an int64
+
+
+def _gather_ints(values, group, device):
+    mine = torch.tensor(values, dtype=torch.int64, device=device)
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(every, mine, group=group)
+    return torch.stack(every).tolist()
+
+
 def validate(q, k, v, group, layout, strategy, opts, varlen=False, cu_seqlens=None):
     """Checks on every rank, then together; returns (world, rank, lengths) with lengths[r][b] the rows of sequence
-    b on rank r (one sequence for the dense form). Raises the same error on every rank."""
+    b on rank r (one sequence for the dense form). Raises the same error on every rank.
+
+    The common case costs one all_gather of a few integers per rank (a verdict, a digest of shapes and options,
+    the local lengths); only when some rank reports a problem or the digests differ do the ranks exchange their
+    messages and signatures (all_gather_object) to name the argument and the values."""
     group = group if group is not None else dist.group.WORLD
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     needs_grad = torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v))
     problem = _local_problem(q, k, v, varlen, cu_seqlens, group, layout, strategy, opts, needs_grad)
-    mine = dict(problem=problem)
+    lengths, sig = [], None
     if problem is None:
         if varlen:
             cu = cu_seqlens.tolist()
-            mine["lengths"] = [b - a for a, b in zip(cu, cu[1:])]
+            lengths = [b - a for a, b in zip(cu, cu[1:])]
         else:
-            mine["lengths"] = [q.shape[1]]
-        mine["sig"] = _signature(q, k, v, opts)
+            lengths = [q.shape[1]]
+        sig = _signature(q, k, v, opts)
+    device = _comm_device(group)
+    # The same number of integers on every rank, whatever went wrong where (a collective of unequal sizes hangs).
+    head = _gather_ints([problem is not None, _digest(sig), len(lengths), 0 if varlen or problem else lengths[0]],
+                        group, device)
+    if any(h[0] for h in head) or any(h[1:3] != head[0][1:3] for h in head):
+        _explain_failure(problem, sig, lengths, group, world)
+    if varlen:
+        every = _gather_ints(lengths, group, device) if lengths else [[] for _ in range(world)]
+    else:
+        every = [h[3:] for h in head]  # the dense form: one sequence
+    if layout == "zigzag":
+        for b in range(len(every[0])):
+            per_rank = [x[b] for x in every]
+            if any(n != per_rank[0] for n in per_rank) or per_rank[0] % 2:
+                what = "q" if not varlen else f"cu_seqlens (sequence {b})"
+                raise _core.InvalidArgumentError(
+                    f"{what}: layout='zigzag' needs every rank to hold the same even number of rows (2 chunks of "
+                    f"the sequence cut into 2*world = {2 * world}); got {per_rank} rows per rank. Use "
+                    "flashtile.distributed.shard(..., layout='zigzag') or layout='contiguous' for uneven shards")
+    return world, rank, every
+
+
+def _explain_failure(problem, sig, lengths, group, world):
+    """Every rank gets here together: share the messages and signatures and raise the same error everywhere."""
     every = [None] * world
-    dist.all_gather_object(every, mine, group=group)
+    dist.all_gather_object(every, dict(problem=problem, sig=sig, n=len(lengths)), group=group)
     for r, got in enumerate(every):
         if got["problem"] is not None:
             cls, msg = got["problem"]
@@ -130,20 +178,8 @@ def validate(q, k, v, group, layout, strategy, opts, varlen=False, cu_seqlens=No
             arg = {"batch": "q", "hq": "q", "hkv": "k", "d": "q", "dv": "v", "dtype": "q", "device": "q"}.get(key, key)
             raise _core.InvalidArgumentError(f"{arg}: {key} differs between ranks: {values} (every rank must pass "
                                              "the same shapes and options)")
-    lengths = [got["lengths"] for got in every]
-    if any(len(x) != len(lengths[0]) for x in lengths):
-        raise _core.InvalidArgumentError(f"cu_seqlens: ranks hold different numbers of sequences: "
-                                         f"{[len(x) - 0 for x in lengths]}")
-    if layout == "zigzag":
-        for b in range(len(lengths[0])):
-            per_rank = [x[b] for x in lengths]
-            if any(n != per_rank[0] for n in per_rank) or per_rank[0] % 2:
-                what = "q" if not varlen else f"cu_seqlens (sequence {b})"
-                raise _core.InvalidArgumentError(
-                    f"{what}: layout='zigzag' needs every rank to hold the same even number of rows (2 chunks of "
-                    f"the sequence cut into 2*world = {2 * world}); got {per_rank} rows per rank. Use "
-                    "flashtile.distributed.shard(..., layout='zigzag') or layout='contiguous' for uneven shards")
-    return world, rank, lengths
+    raise _core.InvalidArgumentError(f"cu_seqlens: ranks hold different numbers of sequences: "
+                                     f"{[got['n'] for got in every]}")
 
 
 def choose(strategy: str, world: int, hq: int, hkv: int) -> tuple:
