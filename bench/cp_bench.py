@@ -30,6 +30,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 
 import torch
@@ -68,21 +69,26 @@ def _peer_ops(kind, device):
             return tuple(_bhsd(x) for x in g)
         return fwd, bwd
 
+    # Non-nested calls: cum_seq_q / cum_seq_k / attn_bias are undefined tensors, which torch.ops takes as None
+    # (an empty tensor would be "defined" and read as a nested batch). Dropout is 0: philox tensors are not read.
+    lse_dims = []
+
     if kind == "cudnn":
         def fwd(q, k, v, softmax_scale, softcap, return_lse, causal, window_size):
             check(causal, window_size, softcap)
             r = aten._scaled_dot_product_cudnn_attention(_bhsd(q), _bhsd(k), _bhsd(v), None, True, 0.0, causal,
                                                          False, scale=softmax_scale)
             b, s, h, _ = q.shape
+            lse_dims[:] = [r[1].dim()]  # (B, H, S) or (B, H, S, 1), handed back to the backward as it came
             return _bhsd(r[0]), r[1].reshape(b, h, s).float()
 
         def bwd(q, k, v, out, dout, lse, softmax_scale, softcap, causal, window_size):
             check(causal, window_size, softcap)
-            b, s, h, _ = q.shape
+            if lse_dims and lse_dims[0] == 4:
+                lse = lse.unsqueeze(-1)
             g = aten._scaled_dot_product_cudnn_attention_backward(
-                _bhsd(dout), _bhsd(q), _bhsd(k), _bhsd(v), _bhsd(out), lse.reshape(b, h, s, 1), empty, empty,
-                torch.empty(0, dtype=q.dtype, device=device), empty, empty, s, k.shape[1], 0.0, causal,
-                scale=softmax_scale)
+                _bhsd(dout), _bhsd(q), _bhsd(k), _bhsd(v), _bhsd(out), lse, empty, empty, None, None, None,
+                q.shape[1], k.shape[1], 0.0, causal, scale=softmax_scale)
             return tuple(_bhsd(x) for x in g)
         return fwd, bwd
 
@@ -95,7 +101,7 @@ def _peer_ops(kind, device):
     def bwd(q, k, v, out, dout, lse, softmax_scale, softcap, causal, window_size):
         check(causal, window_size, softcap)
         g = aten._scaled_dot_product_flash_attention_backward(
-            _bhsd(dout), _bhsd(q), _bhsd(k), _bhsd(v), _bhsd(out), lse, empty, empty, q.shape[1], k.shape[1], 0.0,
+            _bhsd(dout), _bhsd(q), _bhsd(k), _bhsd(v), _bhsd(out), lse, None, None, q.shape[1], k.shape[1], 0.0,
             causal, empty, empty, scale=softmax_scale)
         return tuple(_bhsd(x) for x in g)
     return fwd, bwd
@@ -246,19 +252,27 @@ def cell(a, tokens, causal, mode, device, timer, peer):
         row["a2a_ms"] = measure(timer, step(a2a_fn, q, k, v, dout, mode), reps, warm)
     if "peer_error" not in row:
         with kernels(*peer):
-            row["peer_ms"] = measure(timer, step(ring_fn, q, k, v, dout, mode), reps, warm)
+            _guard(row, "peer", lambda: measure(timer, step(ring_fn, q, k, v, dout, mode), reps, warm))
     # One GPU on `tokens`: rank 0 alone, the others wait.
     if rank == 0:
         single = lambda q, k, v: flashtile.flash_attn_func(q, k, v, causal=causal)  # noqa: E731
         row["single_ms"] = measure(timer, step(single, q, k, v, dout, mode), reps, warm, collective=False)
         if "peer_error" not in row:
-            with kernels(*peer):
-                peer_single = lambda q, k, v: _PeerSingle.apply(q, k, v, causal, peer)  # noqa: E731
-                row["peer_single_ms"] = measure(timer, step(peer_single, q, k, v, dout, mode), reps, warm,
-                                                collective=False)
+            peer_single = lambda q, k, v: _PeerSingle.apply(q, k, v, causal, peer)  # noqa: E731
+            _guard(row, "peer_single", lambda: measure(timer, step(peer_single, q, k, v, dout, mode), reps, warm,
+                                                       collective=False))
     dist.barrier()
     _figures(row, world)
     return row
+
+
+def _guard(row, key, fn):
+    """row[key_ms] = fn(), or row["peer_error"] when the peer kernel refuses (e.g. an op missing from this torch).
+    A refusal is raised on every rank alike (same shapes), so the collective timing stays in step."""
+    try:
+        row[f"{key}_ms"] = fn()
+    except (RuntimeError, NotImplementedError, AssertionError) as e:
+        row["peer_error"] = f"{key}: {type(e).__name__}: {str(e)[:300]}"
 
 
 class _PeerSingle(torch.autograd.Function):
@@ -398,9 +412,10 @@ def main():
     if dist.get_rank() == 0:
         meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                     command="torchrun --nproc-per-node %d bench/cp_bench.py %s" % (
-                        dist.get_world_size(), " ".join(os.sys.argv[1:])),
+                        dist.get_world_size(), " ".join(sys.argv[1:])),
                     world=dist.get_world_size(), torch=torch.__version__, flashtile=flashtile.__version__,
-                    device=torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "CPU",
+                    device=(torch.cuda.get_device_name(device) if device.type == "cuda"
+                            else platform.processor() or "CPU"),
                     peer=a.peer if not a.smoke else "SDPA CPU flash kernel", heads=a.heads, hdim=a.hdim,
                     batch=a.batch, reps=a.reps)
         with open(a.out + ".json", "w") as f:

@@ -96,7 +96,7 @@ def _dense(case, gen, group, rank):
     w, layout = case["world"], case["layout"]
     hq, hkv = _heads(case, w)
     b, s, d = 2, 24 * w, 32
-    q, k, v, do = _randn(gen, b, s, hq, d), _randn(gen, b, s, hkv, d), _randn(gen, b, s, hkv, d), _randn(gen, b, s, hq, d)
+    q, k, v, do = (_randn(gen, b, s, h, d) for h in (hq, hkv, hkv, hq))
     kw = MASKS[case["mask"]]
     lengths = _lengths(np.random.default_rng(int(gen.initial_seed()) % 2**32), layout, w, [s])
     rows = _local_rows(layout, lengths, rank, [0])

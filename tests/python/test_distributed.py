@@ -5,7 +5,6 @@ causal+window+softcap masks, GQA and MQA, the varlen form, and bad inputs that m
 rank. A hang fails the run (the worker's collectives time out after 60 s, the parent waits at most 240 s) instead of
 blocking CI."""
 
-import os
 import queue as queue_mod
 import time
 
