@@ -22,6 +22,12 @@ the world size), weak-scaling efficiency = per-GPU TFLOP/s of the ring over that
 (= world * t_single / t_ring), and the hidden share of communication = 1 - max(0, t_ring - t_compute) / t_comm.
 Before timing, each cell checks the peer ring's and the all-to-all's outputs against flashtile's ring (max |diff|).
 Writes OUT.json, OUT.md and OUT.png (matplotlib; skipped with a note if it is missing).
+
+Run time: each cell times about five ring-sized calls x (--reps + --warmup + a few checks); the work grows as
+tokens^2, so 256k tokens per GPU costs 16x the 64k cells. With the defaults on 2 H200s (~500 TF/s assumed) that is
+roughly 15 s for 32k, 1 min for 64k, 4 min for 128k and 15 min for 256k: split the run, e.g.
+    torchrun --nproc-per-node 2 bench/cp_bench.py --tokens 32768,65536,131072 --out bench/results/h200x2-cp
+    torchrun --nproc-per-node 2 bench/cp_bench.py --tokens 262144 --causal 1 --modes fwd_bwd --out .../h200x2-cp-256k
 """
 import argparse
 import contextlib
@@ -161,7 +167,7 @@ def measure(timer, fn, reps, warmup, collective=True):
     for _ in range(reps):
         if collective:
             timer.sync()
-            dist.barrier()
+            dist.barrier(device_ids=[torch.cuda.current_device()] if timer.cuda else None)
         times.append(timer.time_ms(fn))
     med = statistics.median(times)
     if collective:
@@ -243,7 +249,7 @@ def cell(a, tokens, causal, mode, device, timer, peer):
     del ref
     reps, warm = a.reps, a.warmup
     row["ring_ms"] = measure(timer, step(ring_fn, q, k, v, dout, mode), reps, warm)
-    if world > 1 and layout == "zigzag" or not causal:
+    if world > 1:
         with no_transfers():
             row["compute_ms"] = measure(timer, step(ring_fn, q, k, v, dout, mode), reps, warm)
         ring = _ring.Ring(None, world, rank, [[tokens]] * world, layout, causal, (-1, -1))
