@@ -227,6 +227,12 @@ def main(rank, init, seed, queue):
         groups = {w: dist.new_group(list(range(w))) for w in range(1, WORLD)}
         groups[WORLD] = dist.group.WORLD
         run = {"dense": _dense, "varlen": _varlen, "auto": _auto, "error": _error}
+        try:  # a process outside the group is told so, alone (the group's members are not involved)
+            ftd.ring_flash_attn_func(torch.zeros(1, 2, 1, 8), torch.zeros(1, 2, 1, 8), torch.zeros(1, 2, 1, 8),
+                                     group=groups[1])
+            assert rank == 0, "no error outside the group"
+        except flashtile.InvalidArgumentError as e:
+            assert rank > 0 and "not a member" in str(e), str(e)
         for name, case in CASES.items():
             if rank >= case["world"]:
                 continue

@@ -132,6 +132,9 @@ def validate(q, k, v, group, layout, strategy, opts, varlen=False, cu_seqlens=No
     messages and signatures (all_gather_object) to name the argument and the values."""
     group = group if group is not None else dist.group.WORLD
     world, rank = dist.get_world_size(group), dist.get_rank(group)
+    if rank < 0:  # not a member: no collective of the group involves this process, so raising alone is right
+        raise _core.InvalidArgumentError(f"group: this process (global rank {dist.get_rank()}) is not a member of "
+                                         "the group")
     needs_grad = torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v))
     problem = _local_problem(q, k, v, varlen, cu_seqlens, group, layout, strategy, opts, needs_grad)
     lengths, sig = [], None
