@@ -105,17 +105,19 @@ def _dense(case, gen, group, rank):
     out, lse = ftd.ring_flash_attn_func(ql, kl, vl, group=group, return_lse=True, layout=layout,
                                         strategy=case["strategy"], **kw)
     out.backward(do.index_select(1, rows))
+    report = ftd.last_report()
+    # Collectives first, checks after: a check failing on one rank only must not leave the others in a collective.
+    whole = ftd.unshard(ql.detach(), group=group, layout=layout)
     std = _single(q, k, v, do, kw)
     ref = _reference(q, k, v, do, kw)
     _check_all("dense", (out, lse, ql.grad, kl.grad, vl.grad), ref, std, rows, 1)
-    report = ftd.last_report()
     assert report.strategy == case["strategy"], str(report)
     if case["strategy"] == "ring" and case["mask"] == "causal":
         if layout == "zigzag":  # every step one fused call, none skipped (docs/distributed.md)
             assert report.calls == w and report.steps_skipped == 0, str(report)
         else:                   # the blocks of later ranks are fully masked
             assert report.steps_skipped >= w - 1 - rank, str(report)
-    assert torch.equal(ftd.unshard(ql.detach(), group=group, layout=layout), q)  # uneven runs too
+    assert torch.equal(whole, q)  # unshard of uneven runs too
 
 
 def _single(q, k, v, do, kw, varlen=None):
@@ -169,11 +171,12 @@ def _auto(case, gen, group, rank):
     w = case["world"]
     q = _randn(gen, 1, 8 * w, 4, 16)
     ftd.ring_flash_attn_func(q, q, q, group=group, causal=True, strategy="auto")
-    want = "all_to_all" if w in (2, 4) else "ring"  # Hq = Hkv = 4: the heads divide for 2 and 4 ranks
     report = ftd.last_report()
+    zigzag = ftd.unshard(ftd.shard(q, group=group), group=group)
+    contiguous = ftd.unshard(ftd.shard(q, group=group, layout="contiguous"), group=group, layout="contiguous")
+    want = "all_to_all" if w in (2, 4) else "ring"  # Hq = Hkv = 4: the heads divide for 2 and 4 ranks
     assert report.strategy == want and report.reason.startswith("auto") or w == 1, str(report)
-    assert ftd.unshard(ftd.shard(q, group=group), group=group).equal(q)
-    assert ftd.unshard(ftd.shard(q, group=group, layout="contiguous"), group=group, layout="contiguous").equal(q)
+    assert zigzag.equal(q) and contiguous.equal(q)
 
 
 _WANT = {"zigzag_uneven": (flashtile.InvalidArgumentError, "same even number of rows"),
@@ -207,14 +210,15 @@ def _error(case, gen, group, rank):
     if err == "kv_rows" and rank == 1:
         k = q[:, :8]
     cls, pattern = _WANT[err]
+    raised = None
     try:
         ftd.ring_flash_attn_func(q, k, k, **kw)
-    except cls as e:
-        assert re.search(pattern, str(e)), f"{type(e).__name__}: {e} (expected /{pattern}/)"
-    else:
-        raise AssertionError(f"no {cls.__name__} raised")
+    except Exception as e:  # noqa: BLE001 (checked below, after the collective call that follows)
+        raised = e
     good = _randn(gen, 1, 16, 4, 16)
     ftd.ring_flash_attn_func(good, good, good, group=group, causal=True, strategy="ring")
+    assert isinstance(raised, cls), f"expected {cls.__name__}, got {type(raised).__name__}: {raised}"
+    assert re.search(pattern, str(raised)), f"{type(raised).__name__}: {raised} (expected /{pattern}/)"
 
 
 def main(rank, init, seed, queue):
