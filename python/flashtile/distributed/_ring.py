@@ -1,0 +1,138 @@
+"""Ring attention: the key/value blocks travel around the ranks (rank r sends to r+1 and receives from r−1) while
+each rank attends its local queries to the block in hand; partial (out, lse) are merged in float32 with the one merge
+rule (flashtile.merge_attention_states). The backward recomputes each step from the FINAL out and lse (so the
+per-step dq, dk, dv of the library's backward add up to the exact gradients) and dK/dV travel around the ring with
+their blocks, accumulating in float32, until they reach the block's owner.
+
+Point-to-point transfers are posted with torch.distributed.batch_isend_irecv before the step's attention and waited
+for after it. With NCCL they run on the process group's own communication stream, ordered after the work already
+queued on torch's current stream, and wait() makes the current stream wait for them: the transfer overlaps the
+step's kernels without a stream of ours. With gloo the sends run on gloo's threads while this one computes.
+Tensors are 4-D here, (B, S, H, D); the varlen form passes (1, T, H, D) views.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+import torch
+import torch.distributed as dist
+
+from .._api import flash_attn_backward, flash_attn_func
+from .._merge import merge_attention_states
+from ._plan import Block, band, segments, step_blocks
+
+# Tags keep gloo's per-peer matching of K, V, dK, dV apart (NCCL ignores them; its order is the posting order).
+_TAG_K, _TAG_V, _TAG_DK, _TAG_DV = 11, 12, 13, 14
+
+
+class Ring:
+    """The schedule of one call: who sends to whom, each step's blocks, and the sizes of the blocks received."""
+
+    def __init__(self, group, world, rank, lengths, layout, causal, window_size):
+        self.group, self.world, self.rank = group, world, rank
+        self.rows = [sum(x) for x in lengths]
+        segs = segments(layout, lengths)
+        lo, hi = band(causal, window_size)
+        g = group if group is not None else dist.group.WORLD
+        self.next = dist.get_global_rank(g, (rank + 1) % world)
+        self.prev = dist.get_global_rank(g, (rank - 1) % world)
+        # steps[t]: (source rank of the K/V block in hand, its blocks); t = 0 is the local block.
+        self.steps = []
+        for t in range(world):
+            src = (rank - t) % world
+            self.steps.append((src, step_blocks(segs[rank], segs[src], lo, hi, src == rank)))
+
+    def exchange(self, send: List[torch.Tensor], recv_rows: int, tags, like: List[torch.Tensor]):
+        """Posts sends of `send` to the next rank and receives of tensors shaped like `like` with recv_rows rows
+        from the previous one; returns (received tensors, requests)."""
+        recv = [torch.empty((x.shape[0], recv_rows) + tuple(x.shape[2:]), dtype=x.dtype, device=x.device)
+                for x in like]
+        ops = []
+        for x, tag in zip(send, tags):
+            if x.numel():
+                ops.append(dist.P2POp(dist.isend, x, self.next, self.group, tag))
+        for x, tag in zip(recv, tags):
+            if x.numel():
+                ops.append(dist.P2POp(dist.irecv, x, self.prev, self.group, tag))
+        return recv, (dist.batch_isend_irecv(ops) if ops else [])
+
+
+def _wait(reqs):
+    for req in reqs:
+        req.wait()
+
+
+def _rows(x, q0, n):
+    return x[:, q0:q0 + n]
+
+
+def _window(blk: Block):
+    return dict(causal=blk.causal, window_size=(blk.left, blk.right))
+
+
+def forward(ring: Ring, q, k, v, scale, softcap):
+    """out (q's dtype) and lse (B, Hq, S) float32 over the whole sequence, for the local queries; and the number
+    of library calls made."""
+    b, s, hq, _ = q.shape
+    out = torch.zeros((b, s, hq, v.shape[-1]), dtype=torch.float32, device=q.device)
+    lse = torch.full((b, hq, s), -float("inf"), dtype=torch.float32, device=q.device)
+    kv, calls = (k, v), 0
+    for t, (src, blocks) in enumerate(ring.steps):
+        reqs = []
+        if t + 1 < ring.world:  # the next block, in flight during this step's attention
+            nxt, reqs = ring.exchange(list(kv), ring.rows[(src - 1) % ring.world], (_TAG_K, _TAG_V), list(kv))
+        for blk in blocks:
+            o, l = flash_attn_func(_rows(q, blk.q0, blk.nq), _rows(kv[0], blk.k0, blk.nk),
+                                   _rows(kv[1], blk.k0, blk.nk), softmax_scale=scale, softcap=softcap,
+                                   return_lse=True, **_window(blk))
+            rows = slice(blk.q0, blk.q0 + blk.nq)
+            if calls == 0 and blk.nq == s:  # the first part of every row (the usual diagonal step): no merge yet
+                out.copy_(o)
+                lse.copy_(l)
+            else:
+                out[:, rows], lse[:, :, rows] = merge_attention_states(out[:, rows], lse[:, :, rows], o, l)
+            calls += 1
+        if reqs:
+            _wait(reqs)
+            kv = tuple(nxt)
+    return out.to(q.dtype), lse, calls
+
+
+def backward(ring: Ring, q, k, v, out, dout, lse, scale, softcap):
+    """(dq, dk, dv) of the local shards. dk, dv of the block in hand accumulate in float32 buffers that follow
+    the block around the ring; after `world` hops each buffer is back at its owner."""
+    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    kv = (k, v)
+    acc_reqs, acc = [], None              # the dK/dV buffer of this step's block, arriving from the previous rank
+    sent = None                           # kept alive until its send completes
+    for t, (src, blocks) in enumerate(ring.steps):
+        kv_reqs = []
+        if t + 1 < ring.world:
+            nxt, kv_reqs = ring.exchange(list(kv), ring.rows[(src - 1) % ring.world], (_TAG_K, _TAG_V), list(kv))
+        dk = torch.zeros(kv[0].shape, dtype=torch.float32, device=q.device)
+        dv = torch.zeros(kv[1].shape, dtype=torch.float32, device=q.device)
+        for blk in blocks:
+            qr = slice(blk.q0, blk.q0 + blk.nq)
+            kr = slice(blk.k0, blk.k0 + blk.nk)
+            g = flash_attn_backward(q[:, qr], kv[0][:, kr], kv[1][:, kr], out[:, qr], dout[:, qr],
+                                    lse[:, :, qr].contiguous(), softmax_scale=scale, softcap=softcap, **_window(blk))
+            dq[:, qr] += g[0]
+            dk[:, kr] += g[1]
+            dv[:, kr] += g[2]
+        if t > 0:                          # add what the ranks before this one contributed to this block
+            _wait(acc_reqs)
+            dk += acc[0]
+            dv += acc[1]
+        if ring.world > 1:                 # pass the block's dK/dV on; receive the next block's
+            sent = (dk, dv)
+            acc, acc_reqs = ring.exchange([dk, dv], ring.rows[(src - 1) % ring.world], (_TAG_DK, _TAG_DV),
+                                          [dk, dv])
+        else:
+            acc = (dk, dv)
+        if kv_reqs:
+            _wait(kv_reqs)
+            kv = tuple(nxt)
+    _wait(acc_reqs)                        # after `world` hops: this rank's own block, complete
+    del sent
+    return dq.to(q.dtype), acc[0].to(k.dtype), acc[1].to(v.dtype)
