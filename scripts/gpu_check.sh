@@ -11,8 +11,9 @@
 #   FT_PYTHON=auto         build + pip install the Python package (auto: when python/ and pyproject.toml exist)
 #   FT_PY_KERNELS          the package's kernel subset (default: FT_KERNELS); step `pytest` runs tests/python
 #   FT_STEPS="tests parity sanitize bench"   which steps to run (also: pytest, variants, profile, breakdown, cpu,
-#                          decode, pipes)
+#                          decode, pipes, cp, cpbench)
 #                          decode: bench/gpu_decode.py (the KV-cache cells against torch; FT_DECODE_ARGS)
+#                          cp, cpbench: tests/gpu/cp_check.py, bench/cp_bench.py (FT_CP_ARGS) under torchrun on two GPUs
 #                          pipes: bench/ncu_pipes.py (tensor-pipe and issue-slot use beside cuDNN; FT_PIPES_ARGS)
 #                          variants: bench/gpu_variants.py (FT_VARIANTS_ARGS) after the package is installed
 #                          cpu: scripts/cpu_remote.sh run (CPU tests per ISA + CPU benchmark, from binaries
@@ -88,7 +89,7 @@ PY=${FT_PYTHON:-auto}
 if [[ $PY == auto ]]; then PY=$([[ -d python && -f pyproject.toml ]] && echo 1 || echo 0); fi
 if [[ $PY == 1 ]]; then
   t0=$(date +%s)
-  CMAKE_ARGS="-DFLASHTILE_CUDA_ARCHS=$ARCHS -DFLASHTILE_CUDA_PTX=OFF -DFLASHTILE_CUDA_KERNELS=$KERNELS ${CMAKE_EXTRA[*]}" \
+  CMAKE_ARGS="-DFLASHTILE_CUDA_ARCHS=$ARCHS -DFLASHTILE_CUDA_PTX=OFF -DFLASHTILE_CUDA_KERNELS=${FT_PY_KERNELS:-$KERNELS} ${CMAKE_EXTRA[*]}" \
     python3 -m pip install -q --no-build-isolation --no-deps -Cbuild.tool-args=-j$JOBS . >> "$OUT/build.log" 2>&1 \
     && note "PYTHON: package installed in $(( $(date +%s) - t0 )) s" || note "PYTHON: pip install failed (see build.log)"
 fi
@@ -198,6 +199,28 @@ if has_step decode; then  # issue 14's decode cells: GB/s of K+V read against to
     > "$OUT/decode.log" 2>&1
   note "DECODE: rc=$? ($(( $(date +%s) - t0 )) s)"
   [[ -f $OUT/gpu_decode.md ]] && grep '^| ' "$OUT/gpu_decode.md" | cut -d'|' -f2-9,12-14 | tee -a "$SUMMARY" > /dev/null
+fi
+
+# issue 15: context parallelism over NCCL on two GPUs, through the installed package (FT_PYTHON=1 now or in an
+# earlier call on the same machine). cp: tests/gpu/cp_check.py (correctness); cpbench: bench/cp_bench.py.
+cp_ready() {
+  local ngpu; ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
+  if (( ngpu < 2 )); then note "CP: skipped ($ngpu GPU)"; return 1; fi
+  (cd /tmp && python3 -c "import flashtile.distributed" 2>/dev/null) || { note "CP: skipped (no flashtile package)"; return 1; }
+}
+if has_step cp && cp_ready; then
+  t0=$(date +%s)
+  (cd /tmp && timeout ${FT_CP_CHECK_TIMEOUT:-300} torchrun --nproc-per-node 2 "$ROOT/tests/gpu/cp_check.py") \
+    > "$OUT/cp_check.log" 2>&1
+  note "CP CHECK: rc=$? $(grep -h '^CP CHECK' "$OUT/cp_check.log") ($(( $(date +%s) - t0 )) s)"
+  grep -h '^FAIL' "$OUT/cp_check.log" | cut -c1-200 | head -20 | tee -a "$SUMMARY"
+fi
+if has_step cpbench && cp_ready; then
+  t0=$(date +%s)
+  (cd /tmp && timeout ${FT_CP_TIMEOUT:-420} torchrun --nproc-per-node 2 "$ROOT/bench/cp_bench.py" \
+    ${FT_CP_ARGS:---tokens 32768,65536,131072} --out "$OUT/h200x2-cp") > "$OUT/cp_bench.log" 2>&1
+  note "CP BENCH: rc=$? ($(( $(date +%s) - t0 )) s)"
+  [[ -f $OUT/h200x2-cp.md ]] && grep '^| ' "$OUT/h200x2-cp.md" | tee -a "$SUMMARY" > /dev/null
 fi
 
 if has_step pipes; then  # ncu counters of FlashTile's Hopper kernels beside cuDNN's on one shape
