@@ -75,8 +75,9 @@ struct BwdTraits {
     alignas(1024) Element dout[cosize_v<SmemLayoutQ>];
     alignas(1024) Element ds[cosize_v<SmemLayoutdS>];
     alignas(128) float dq[kBlockM * kHeadDim];      // the step's dQ, in the workspace's order, for the bulk add
-    std::int64_t dq_row;                             // its first workspace row
-    int dq_turn;                                     // deterministic mode: the key blocks that add before it
+    float* dq_dst;                                   // where it is added: its block of the workspace
+    int* dq_turns;                                   // deterministic mode: the block's turn counter,
+    int dq_turn;                                     // and the key blocks that add before this one
     alignas(16) float lse_log2[kStages][kBlockM];  // the step's rows of the workspace, loaded with Q and dO
     alignas(16) float dsum[kStages][kBlockM];
     alignas(16) uint64_t barrier_kv;
@@ -172,7 +173,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
   Tensor sdO = make_tensor(make_smem_ptr(ss.dout), typename Traits::SmemLayoutQ{});
 
   if (warpgroup == 0) {
-    cutlass::arch::warpgroup_reg_dealloc<32>();  // 128 x 32 + 256 x 240 = the 64K registers
+    // 24: the consumers' 240 take what the 168 the kernel starts with (65536 / 384) leave: 128 x (168 - 24) =
+    // 256 x (240 - 168). With more here, setmaxnreg.inc would wait for ever.
+    cutlass::arch::warpgroup_reg_dealloc<24>();
     if (warp == 0 && lane_leader && steps > 0) {
       Tensor mK = domain_offset(make_coord(static_cast<int>(seq.k_row0), _0{}),
                                 kp.tma_k.get_tma_tensor(kp.shape_k)(_, _, hk, bq));
@@ -213,25 +216,24 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
     } else if (warp == 1 && steps > 0) {
       // The dQ writer: each step's dQ block from shared memory to the fp32 workspace in one bulk reduction; in
       // deterministic mode after the key blocks before this one have added theirs (a turn counter per block). The
-      // consumers leave the block's row and turn beside it (this warp has 32 registers).
+      // consumers leave the block's address and turn beside it (this warp has 24 registers).
       for (int step = 0; step < steps; ++step) {
         cutlass::arch::NamedBarrier::sync(kDqThreads, kDqFull);
         if (lane_leader) {
-          const std::int64_t row = ss.dq_row;
-          int* turn_counter = p.dq_semaphore + row / kBlockM;
-          if (a.deterministic) {
+          int* turns = ss.dq_turns;
+          if (turns != nullptr) {
             const int turn = ss.dq_turn;
             int seen;
             do {
-              asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(turn_counter) : "memory");
+              asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(turns) : "memory");
             } while (seen != turn);
           }
-          bulk_reduce_add(p.dq_accum + row * kD, ss.dq, kBlockM * kD * int(sizeof(float)));
+          bulk_reduce_add(ss.dq_dst, ss.dq, kBlockM * kD * int(sizeof(float)));
           tma_store_arrive();
-          if (a.deterministic) {  // this block's sums complete and visible before the next key block's turn
+          if (turns != nullptr) {  // this block's sums complete and visible before the next key block's turn
             bulk_wait_all();
             __threadfence();
-            atomicAdd(turn_counter, 1);
+            atomicAdd(turns, 1);
           } else {
             tma_store_wait<0>();  // read: the buffer is free
           }
@@ -367,7 +369,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
       // step's).
       if (step > 0) cutlass::arch::NamedBarrier::sync(kDqThreads, kDqEmpty);
       if (tidx == 0) {  // where it goes, and in deterministic mode after which key blocks' sums
-        ss.dq_row = ws_head + m0;
+        ss.dq_dst = p.dq_accum + (ws_head + m0) * kD;
+        ss.dq_turns = a.deterministic ? p.dq_semaphore + (ws_head + m0) / kBlockM : nullptr;
         int turn = n_block;
         if constexpr (kMasked) turn -= static_cast<int>(pol.key_tiles(m0, min(kBlockM, sq - m0), kBlockN).begin);
         ss.dq_turn = turn;
