@@ -1,6 +1,7 @@
 // Forward kernel of the sm90 path (Hopper, sm_90a): warp-specialised, TMA-fed, wgmma.
 //
-// One CTA per (query block, query head, sequence), asked from the tile scheduler (common/scheduler.h).
+// One CTA per (query block, query head, sequence), the query blocks in reverse grid order so that under a causal
+// mask the longest start first (one wave of CTAs after another; no persistent tile scheduler).
 // Warpgroup 0 is the producer: one thread issues the TMA loads of Q (once) and of K_j, V_j into a
 // kStages-deep ring of shared-memory buffers, each stage signalled by an mbarrier (PipelineTmaAsync); it
 // gives its registers to the consumers (setmaxnreg). Warpgroups 1.. are consumers, 64 query rows each; per
