@@ -10,6 +10,7 @@ back. Ranks may hold different numbers of rows (layout="contiguous").
 
 from __future__ import annotations
 
+import functools
 from typing import List
 
 import torch
@@ -73,29 +74,38 @@ class _HeadToSeq(torch.autograd.Function):
 
 
 def order(layout: str, lengths: List[List[int]], device):
-    """(perm, cu_seqlens or None): natural = gathered.index_select(1, perm) puts the rank-major rows in sequence
-    order; cu_seqlens (int32) delimits the sequences of a varlen batch in that order. perm is None when the rank
-    order is already the sequence order."""
-    segs = segments(layout, lengths)
+    """(perm, inv, cu_seqlens, max_len): natural = gathered.index_select(1, perm) puts the rank-major rows in sequence
+    order and inv undoes it; cu_seqlens (int32) delimits the sequences of a varlen batch in that order. perm and inv
+    are None when the rank order is already the sequence order. Built once per (layout, lengths, device): a step
+    repeats its shapes, and a Python loop over every row cost more than the attention at 32k tokens."""
+    return _order(layout, tuple(tuple(x) for x in lengths), device)
+
+
+@functools.lru_cache(maxsize=64)
+def _order(layout, lengths, device):
+    segs = segments(layout, [list(x) for x in lengths])
     nseq = len(lengths[0])
     seq_len = [sum(x[b] for x in lengths) for b in range(nseq)]
     seq_off = [sum(seq_len[:b]) for b in range(nseq)]
     base = [sum(sum(x) for x in lengths[:r]) for r in range(len(lengths))]  # first gathered row of rank r
-    src = [0] * sum(seq_len)
-    for r, rank_segs in enumerate(segs):
+    src = torch.empty(sum(seq_len), dtype=torch.long)
+    for r, rank_segs in enumerate(segs):  # a few segments per rank: one slice each
         for s in rank_segs:
-            for i in range(s.length):
-                src[seq_off[s.seq] + s.start + i] = base[r] + s.row + i
-    perm = None if src == list(range(len(src))) else torch.tensor(src, dtype=torch.long, device=device)
+            dst = seq_off[s.seq] + s.start
+            src[dst:dst + s.length] = torch.arange(base[r] + s.row, base[r] + s.row + s.length)
     cu = torch.tensor([0] + [seq_off[b] + seq_len[b] for b in range(nseq)], dtype=torch.int32, device=device)
-    return perm, cu, max(seq_len, default=0)
+    if torch.equal(src, torch.arange(src.numel())):
+        return None, None, cu, max(seq_len, default=0)
+    inv = torch.empty_like(src)
+    inv[src] = torch.arange(src.numel())
+    return src.to(device), inv.to(device), cu, max(seq_len, default=0)
 
 
 def attention(q, k, v, group, world, rank, lengths, layout, varlen, kw):
     """out (B, rows, Hq, Dv) and lse (B, Hq, rows) for the local rows; the varlen form passes (1, T, H, D)."""
     rows = [sum(x) for x in lengths]
     qh, kh, vh = (_SeqToHead.apply(x, rows, rank, group) for x in (q, k, v))
-    perm, cu, max_len = order(layout, lengths, q.device)
+    perm, inv, cu, max_len = order(layout, lengths, q.device)
     if perm is not None:
         qh, kh, vh = (x.index_select(1, perm) for x in (qh, kh, vh))
     if varlen:
@@ -104,9 +114,7 @@ def attention(q, k, v, group, world, rank, lengths, layout, varlen, kw):
     else:
         out, lse = flash_attn_func(qh, kh, vh, return_lse=True, **kw)
     lse = lse.transpose(1, 2).unsqueeze(-1)         # (B, S, Hq/world, 1): rows on dim 1 like out
-    if perm is not None:
-        inv = torch.empty_like(perm)
-        inv[perm] = torch.arange(perm.numel(), device=perm.device)
+    if inv is not None:
         out, lse = out.index_select(1, inv), lse.index_select(1, inv)
     out = _HeadToSeq.apply(out, rows, rank, group)
     with torch.no_grad():
