@@ -22,6 +22,9 @@ call of 50 calls issued without waiting.
 
     python3 bench/gpu_decode.py --lib build/gpu/src/libflashtile_capi.so --out bench/results/h200-decode
 
+--in-order adds each paged cell again with its pages in order (against the shuffled one: the cost of the pages'
+scatter, e.g. TLB reach, apart from the gather itself).
+
 writes OUT.json, OUT.md and OUT.png (GB/s per cell, the HBM peak as a line).
 """
 import argparse
@@ -51,7 +54,10 @@ FT_OPS = ("prepare_kernel", "check_kernel", "append_kernel", "decode_kernel", "c
 FT_FIRST_OPS = ("prepare_kernel", "Memset")  # a small call's one-CTA check and append, or a large call's reset
 
 
-def cells(quick):
+def cells(quick, in_order=False):
+    """The issue's cells; in_order adds, after each paged cell, the same cell with its pages in order (block_table
+    row b = b·L/64 ...): against the shuffled cell, what the page gather costs apart from the pages' scatter (TLB
+    reach, DRAM locality)."""
     out = []
     for sq in (1, 16):
         for batch in (1, 8, 64):
@@ -60,7 +66,15 @@ def cells(quick):
                     continue
                 for page in (0, 64):
                     out.append({"sq": sq, "batch": batch, "keys": keys, "page": page})
+                    if page and in_order:
+                        out.append({"sq": sq, "batch": batch, "keys": keys, "page": page, "in_order": True})
     return out
+
+
+def cache_name(r):
+    if not r["page"]:
+        return "contiguous"
+    return f"paged {r['page']}" + (" in order" if r.get("in_order") else "")
 
 
 def host_us(fn, calls=50):
@@ -113,7 +127,8 @@ def bench_cell(ft, cell, reps, peer_cache):
         pages = b * keys // page
         k = torch.randn(pages, page, HKV, D, device=dev, dtype=torch.bfloat16, generator=g)
         v = torch.randn(pages, page, HKV, D, device=dev, dtype=torch.bfloat16, generator=g)
-        table = torch.randperm(pages, device=dev, generator=g).to(torch.int32).reshape(b, keys // page)
+        order = torch.arange(pages, device=dev) if cell.get("in_order") else torch.randperm(pages, device=dev, generator=g)
+        table = order.to(torch.int32).reshape(b, keys // page)
     else:
         k = torch.randn(b, keys, HKV, D, device=dev, dtype=torch.bfloat16, generator=g)
         v = torch.randn(b, keys, HKV, D, device=dev, dtype=torch.bfloat16, generator=g)
@@ -195,7 +210,7 @@ def markdown(meta, rows):
         ratio = lambda x, peer: f"{x / r[peer]:.2f}×" if x and r.get(peer) else "—"
         host = lambda key: f"{r[key]:.0f}" if r.get(key) else "—"
         lines.append(
-            f"| {r['sq']} | {r['batch']} | {r['keys']} | {'paged ' + str(r['page']) if r['page'] else 'contiguous'} "
+            f"| {r['sq']} | {r['batch']} | {r['keys']} | {cache_name(r)} "
             f"| {fmt(ev)} | {fmt(r.get('flashtile_async_gbs'))} | {fmt(dev)} "
             f"| {f'{100 * dev / HBM_PEAK_GBS:.0f} %' if dev else '—'} "
             f"| {fmt(r.get('flash_gbs'))} | {fmt(r.get('efficient_gbs'))} | {fmt(r.get('cudnn_gbs'))} "
@@ -213,6 +228,7 @@ def plot(meta, rows, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     labels = [f"Sq{r['sq']} B{r['batch']}\n{r['keys'] // 1024}k" + (f" p{r['page']}" if r["page"] else "")
+              + (" ord" if r.get("in_order") else "")
               for r in rows]
     x = list(range(len(rows)))
     series = [("flashtile_device_gbs", "FlashTile cuda-sm80 (device)", "C0"),
@@ -240,6 +256,7 @@ def main():
     ap.add_argument("--lib", default=None, help="libflashtile_capi.so (default: build/gpu, build/release, build)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--quick", action="store_true", help="batch <= 8 and <= 32k keys only")
+    ap.add_argument("--in-order", action="store_true", help="also each paged cell with its pages in order")
     ap.add_argument("--out", default=None, help="path stem for .json, .md and .png")
     args = ap.parse_args()
     if args.reps < 20:
@@ -253,7 +270,7 @@ def main():
             "command": "python3 bench/gpu_decode.py " + " ".join(sys.argv[1:])}
     start = time.time()
     rows, peer_cache = [], {}
-    for cell in cells(args.quick):
+    for cell in cells(args.quick, args.in_order):
         row = bench_cell(ft, cell, args.reps, peer_cache)
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "report"}), flush=True)
