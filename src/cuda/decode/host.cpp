@@ -22,7 +22,8 @@ namespace {
 
 using detail::AttnParams;
 
-// Reads `bytes` of device memory at src (the stream is synchronised by the caller's read-back already).
+// One value of device memory at src, for a refusal's message: waits for the stream (the decode kernels queued
+// behind the check do nothing on a bad verdict, so this wait is the error path's only).
 template <class T>
 T read_device(const T* src, cudaStream_t stream, const char* backend) {
   T v{};
@@ -200,7 +201,7 @@ void describe(const AttnParams& p, KernelInfo& k) {
     << "B splits=" << d.splits << " (" << d.reason() << ")" << (d.splits > 1 ? " + combine kernel" : "")
     << (p.page_table != nullptr ? " paged: page_size=" + std::to_string(p.page_size) : std::string(" contiguous"))
     << (p.async_index_check ? " index check: device-side, not waited for (async_index_check)"
-                            : " index check: device-side, read back when the stream is not capturing");
+                            : " index check: device-side, its verdict waited for (pinned memory) when the stream is not capturing");
   k.detail = s.str();
 }
 
