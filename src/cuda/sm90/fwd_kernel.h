@@ -1,8 +1,9 @@
 // Forward kernel of the sm90 path (Hopper, sm_90a): warp-specialised, TMA-fed, wgmma.
 //
-// One CTA per (query block, query head, sequence), the query blocks in reverse grid order so that under a causal
-// mask the longest start first (one wave of CTAs after another; no persistent tile scheduler).
-// Warpgroup 0 is the producer: one thread issues the TMA loads of Q (once) and of K_j, V_j into a
+// Persistent: one CTA per SM walks its (query block, query head, sequence) tiles from the tile scheduler
+// (common/scheduler.h, longest first under a causal mask); the producer loads the next tile's Q and first keys
+// while the consumers finish the last one's products and write its O.
+// Warpgroup 0 is the producer: one thread issues the TMA loads of Q (once per tile) and of K_j, V_j into a
 // kStages-deep ring of shared-memory buffers, each stage signalled by an mbarrier (PipelineTmaAsync); it
 // gives its registers to the consumers (setmaxnreg). Warpgroups 1.. are consumers, 64 query rows each; per
 // key tile j (S = Q K^T with both operands in shared memory, O += P V with P from registers):
@@ -20,6 +21,7 @@
 
 #include "common/mask.h"
 #include "common/params.h"
+#include "common/scheduler.h"
 #include "common/softmax.h"
 #include "sm90/traits.h"
 
@@ -28,6 +30,7 @@ namespace flashtile::cuda::sm90 {
 template <class Traits>
 struct KernelParams {
   FwdParams f;
+  StaticTileScheduler sched;  // the grid's tiles: (query block, query head, sequence)
   typename Traits::TmaQ tma_q;
   typename Traits::TmaKV tma_k, tma_v;
   GmemShape shape_q, shape_k, shape_v;
@@ -119,6 +122,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     cute::prefetch_tma_descriptor(kp.tma_k.get_tma_descriptor());
     cute::prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
     cutlass::arch::ClusterTransactionBarrier::init(&ss.barrier_q, 1);
+    cutlass::arch::ClusterBarrier::init(&ss.barrier_q_empty, Traits::kMmaThreads);
   }
   typename Pipeline::Params pp;
   pp.transaction_bytes = Traits::kBytesKV;
@@ -129,32 +133,36 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   Pipeline pipeline_v(ss.pipeline_v, pp, Shape<_1, _1, _1>{});
   __syncthreads();  // barriers initialised
 
-  // The work of this CTA: longest first (with a causal mask the last query blocks see the most keys).
-  const int m_block = gridDim.x - 1 - blockIdx.x;
-  const int b = blockIdx.z, h = blockIdx.y;
-  const int hk = h / p.group;
-  const int m0 = m_block * kBlockM;
-  const detail::SeqInfo seq = detail::sequence(a, b);
-  const int sq = static_cast<int>(seq.seqlen_q), sk = static_cast<int>(seq.seqlen_k);
-  if (m0 >= sq) return;  // varlen: this sequence is shorter than max_seqlen_q
-  const detail::MaskPolicy pol = detail::MaskPolicy::make(a, seq);
-  int n_first = 0, n_last = (sk + kBlockN - 1) / kBlockN;
-  if constexpr (kMasked) {
-    const detail::Range t = pol.key_tiles(m0, min(kBlockM, sq - m0), kBlockN);
-    n_first = static_cast<int>(t.begin);
-    n_last = static_cast<int>(t.end);
-  }
-  Element* o_bh = static_cast<Element*>(a.out) + b * a.out_stride.batch + seq.q_row0 * a.out_stride.row +
-                  h * a.out_stride.head;
-  float* lse_bh = a.lse + b * a.lse_stride.batch + seq.q_row0 * a.lse_stride.row + h * a.lse_stride.head;
-  const float sink = detail::sink_logit(a, h);
-  if (n_first >= n_last) {  // no row of this block sees a key: O = 0, LSE = sink (-inf without sinks)
-    const int rows = min(kBlockM, sq - m0), hdim_v = static_cast<int>(a.hdim_v);
-    for (int i = threadIdx.x; i < rows * hdim_v; i += Traits::kThreads)
-      o_bh[(m0 + i / hdim_v) * a.out_stride.row + i % hdim_v] = Element(0.f);
-    for (int r = threadIdx.x; r < rows; r += Traits::kThreads) lse_bh[(m0 + r) * a.lse_stride.row] = sink;
-    return;
-  }
+  // The tiles of this CTA (common/scheduler.h). Per tile, the same facts on every role: the query block's rows,
+  // its sequence, and the key tiles its mask pairs with it (none: O = 0, no load).
+  const StaticTileScheduler& sched = kp.sched;
+  struct Tile {
+    int m_block, h, b, m0, sq, sk, n_first, n_last;
+    detail::SeqInfo seq;
+    detail::MaskPolicy pol;
+  };
+  auto tile_at = [&](int t) __attribute__((always_inline)) {
+    Tile w;
+    const TileCoord c = sched.at(t);
+    w.m_block = c.block;
+    w.h = c.head;
+    w.b = c.batch;
+    w.m0 = w.m_block * kBlockM;
+    w.seq = detail::sequence(a, w.b);
+    w.sq = static_cast<int>(w.seq.seqlen_q);
+    w.sk = static_cast<int>(w.seq.seqlen_k);
+    w.pol = detail::MaskPolicy::make(a, w.seq);
+    w.n_first = 0;
+    w.n_last = (w.sk + kBlockN - 1) / kBlockN;
+    if constexpr (kMasked) {
+      if (w.m0 < w.sq) {
+        const detail::Range r = w.pol.key_tiles(w.m0, min(kBlockM, w.sq - w.m0), kBlockN);
+        w.n_first = static_cast<int>(r.begin);
+        w.n_last = static_cast<int>(r.end);
+      }
+    }
+    return w;
+  };
 
   Tensor sQ = make_tensor(make_smem_ptr(ss.q), typename Traits::SmemLayoutQ{});
   Tensor sK = make_tensor(make_smem_ptr(ss.k), typename Traits::SmemLayoutKV{});
@@ -165,30 +173,43 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     // Producer. 24 registers are enough for address arithmetic; the consumers get the rest.
     cutlass::arch::warpgroup_reg_dealloc<24>();
     if (warp == 0 && lane_leader) {
-      // Batch mode: tensor (rows, d, heads, batch) at batch b. Varlen: the packed rows, from the sequence's row 0.
-      const int bq = a.cu_seqlens_q != nullptr ? 0 : b;
-      Tensor mQ = domain_offset(make_coord(static_cast<int>(seq.q_row0), _0{}),
-                                kp.tma_q.get_tma_tensor(kp.shape_q)(_, _, h, bq));
-      Tensor mK = domain_offset(make_coord(static_cast<int>(seq.k_row0), _0{}),
-                                kp.tma_k.get_tma_tensor(kp.shape_k)(_, _, hk, bq));
-      Tensor mV = domain_offset(make_coord(static_cast<int>(seq.k_row0), _0{}),
-                                kp.tma_v.get_tma_tensor(kp.shape_v)(_, _, hk, bq));
-      Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kD>>{}, make_coord(m_block, _0{}));
-      Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kD>>{}, make_coord(_, _0{}));  // (N, D, n_blocks)
-      Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kD>>{}, make_coord(_, _0{}));
-      auto [tQg, tQs] = tma_partition(kp.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-      auto [tKg, tKs] = tma_partition(kp.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
-      auto [tVg, tVs] = tma_partition(kp.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
-
-      cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&ss.barrier_q, Traits::kBytesQ);
-      copy(kp.tma_q.with(ss.barrier_q, 0), tQg, tQs);
+      // Per tile: its first K/V tile into the ring (a stage frees as soon as the consumers release one of the last
+      // tile's), then Q once the consumers are done with the last tile's (barrier_q_empty), then the other keys.
+      // K and V run on through the ring across tiles, so the next tile's loads overlap this tile's last products
+      // and its epilogue.
       cutlass::PipelineState<Traits::kStages> write = cutlass::make_producer_start_state<Pipeline>();
-      for (int n = n_last - 1; n >= n_first; --n) {
-        pipeline_k.producer_acquire(write);
-        copy(kp.tma_k.with(*pipeline_k.producer_get_barrier(write), 0), tKg(_, n), tKs(_, write.index()));
-        pipeline_v.producer_acquire(write);
-        copy(kp.tma_v.with(*pipeline_v.producer_get_barrier(write), 0), tVg(_, n), tVs(_, write.index()));
-        ++write;
+      int q_loads = 0;
+      for (int t = sched.first(); t < sched.count(); t += sched.stride()) {
+        const Tile w = tile_at(t);
+        if (w.m0 >= w.sq || w.n_first >= w.n_last) continue;  // no rows, or no keys: nothing to load
+        // Batch mode: tensor (rows, d, heads, batch) at batch b. Varlen: the packed rows, from the sequence's row 0.
+        const int hk = w.h / p.group;
+        const int bq = a.cu_seqlens_q != nullptr ? 0 : w.b;
+        Tensor mQ = domain_offset(make_coord(static_cast<int>(w.seq.q_row0), _0{}),
+                                  kp.tma_q.get_tma_tensor(kp.shape_q)(_, _, w.h, bq));
+        Tensor mK = domain_offset(make_coord(static_cast<int>(w.seq.k_row0), _0{}),
+                                  kp.tma_k.get_tma_tensor(kp.shape_k)(_, _, hk, bq));
+        Tensor mV = domain_offset(make_coord(static_cast<int>(w.seq.k_row0), _0{}),
+                                  kp.tma_v.get_tma_tensor(kp.shape_v)(_, _, hk, bq));
+        Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kD>>{}, make_coord(w.m_block, _0{}));
+        Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kD>>{}, make_coord(_, _0{}));  // (N, D, n_blocks)
+        Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kD>>{}, make_coord(_, _0{}));
+        auto [tQg, tQs] = tma_partition(kp.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+        auto [tKg, tKs] = tma_partition(kp.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+        auto [tVg, tVs] = tma_partition(kp.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+        auto load_kv = [&](int n) {
+          pipeline_k.producer_acquire(write);
+          copy(kp.tma_k.with(*pipeline_k.producer_get_barrier(write), 0), tKg(_, n), tKs(_, write.index()));
+          pipeline_v.producer_acquire(write);
+          copy(kp.tma_v.with(*pipeline_v.producer_get_barrier(write), 0), tVg(_, n), tVs(_, write.index()));
+          ++write;
+        };
+        load_kv(w.n_last - 1);
+        if (q_loads > 0) cutlass::arch::ClusterBarrier::wait(&ss.barrier_q_empty, (q_loads - 1) & 1);
+        cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&ss.barrier_q, Traits::kBytesQ);
+        copy(kp.tma_q.with(ss.barrier_q, 0), tQg, tQs);
+        ++q_loads;
+        for (int n = w.n_last - 2; n >= w.n_first; --n) load_kv(n);
       }
     }
     return;
@@ -205,123 +226,147 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   Tensor tSrK = thr_qk.partition_fragment_B(sK);   // (MMA, MMA_N, MMA_K, stages)
   Tensor tOrV = thr_pv.partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K, stages)
   Tensor acc_o = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<kD>>{});
-  clear(acc_o);
   Tensor acc_o_rc = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));
   Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
   Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
-
+  Tensor tOcO = thr_pv.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kD>>{}));
+  Tensor tOcO_rc = make_tensor(tOcO.data(), acc_rowcol(tOcO.layout()));
   const float mult = kHooks ? 1.4426950408889634f : p.scale_log2;
   const float score_scale = kHooks ? 1.f : a.softmax_scale;
-  TileHook hook;
-  if constexpr (kHooks) hook = TileHook::make(detail::ScoreHook::make(a, seq, b, h));
+  const int hdim_v = static_cast<int>(a.hdim_v);
   constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
-  OnlineSoftmax<kRows> softmax(sink, score_scale);
-  RowKeys<kRows> row_keys;
-  row_keys.template init<kMasked>(pol, sk, tScS_rc, m0);
-
-  int n_block = n_last - 1;
-  // Mainloop, software-pipelined within the warpgroup: while S_j = Q K_j^T runs on the tensor cores, the
-  // previous tile's P_{j-1} V_{j-1} is issued behind it, and the softmax of S_j overlaps P_{j-1} V_{j-1}.
-  // O is rescaled by tile j-1's factor just before P_{j-1} V_{j-1} is added (FlashAttention-3's order).
   TurnTaking<Traits::kConsumerWarpgroups> turns{warpgroup - 1};
-  turns.start();
-  cutlass::arch::ClusterTransactionBarrier::wait(&ss.barrier_q, 0);
-  cutlass::PipelineState<Traits::kStages> read, prev;
+  cutlass::PipelineState<Traits::kStages> read, prev;  // run on across tiles, as the producer's
   Tensor acc_s = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
   Tensor s_rc = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
   Tensor rP = make_tensor<Element>(acc_s.layout());
   Tensor tOrP = make_tensor(rP.data(), acc_as_a(rP.layout()));  // the same registers as P V's A operand
-  float alpha[kRows];
-  // Scores of tile n_block into P (in acc_s): hook, mask, online softmax.
-  auto scores = [&](auto first, auto masked) __attribute__((always_inline)) {
-    const int n0 = n_block * kBlockN;
-    if constexpr (kHooks) apply_hook<AnyHook>(s_rc, tScS_rc, m0, n0, hook);
-    if constexpr (decltype(masked)::value) row_keys.apply(s_rc, tScS_rc, n0, -INFINITY);
-    softmax.template fold<decltype(first)::value>(s_rc, mult, alpha);
-  };
-  auto to_p = [&]() __attribute__((always_inline)) {
-    Tensor p16 = convert_to<Element>(acc_s);
-    CUTE_UNROLL
-    for (int i = 0; i < size(rP); ++i) rP(i) = p16(i);
-  };
-  // First tile: S_0 alone.
-  pipeline_k.consumer_wait(read);
-  turns.wait_turn();
-  wg_gemm<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, read.index()), acc_s);
-  turns.pass_turn();
-  warpgroup_wait<0>();
-  pipeline_k.consumer_release(read);
-  scores(cute::true_type{}, cute::true_type{});
-  to_p();
-  prev = read;
-  ++read;
-  auto step = [&](auto masked) __attribute__((always_inline)) {
+  int q_loads = 0;
+  // The turns alternate across tiles too: both warpgroups take the same number per tile, so the first warpgroup's
+  // first turn of a tile follows the second's last of the tile before (start once, finish once: a second
+  // warpgroup that arrived for its next tile before the first had synced for its last would fill the barrier alone).
+  turns.start();
+
+  for (int t = sched.first(); t < sched.count(); t += sched.stride()) {
+    const Tile w = tile_at(t);
+    if (w.m0 >= w.sq) continue;  // varlen: this sequence is shorter than max_seqlen_q
+    const int m0 = w.m0, sq = w.sq, sk = w.sk, b = w.b, h = w.h;
+    Element* o_bh = static_cast<Element*>(a.out) + b * a.out_stride.batch + w.seq.q_row0 * a.out_stride.row +
+                    h * a.out_stride.head;
+    float* lse_bh = a.lse + b * a.lse_stride.batch + w.seq.q_row0 * a.lse_stride.row + h * a.lse_stride.head;
+    const float sink = detail::sink_logit(a, h);
+    if (w.n_first >= w.n_last) {  // no row of this block sees a key: O = 0, LSE = sink (-inf without sinks)
+      const int rows = min(kBlockM, sq - m0);
+      for (int i = tidx; i < rows * hdim_v; i += Traits::kMmaThreads)
+        o_bh[(m0 + i / hdim_v) * a.out_stride.row + i % hdim_v] = Element(0.f);
+      for (int r = tidx; r < rows; r += Traits::kMmaThreads) lse_bh[(m0 + r) * a.lse_stride.row] = sink;
+      continue;
+    }
+    const detail::MaskPolicy& pol = w.pol;
+    clear(acc_o);
+    TileHook hook;
+    if constexpr (kHooks) hook = TileHook::make(detail::ScoreHook::make(a, w.seq, b, h));
+    OnlineSoftmax<kRows> softmax(sink, score_scale);
+    RowKeys<kRows> row_keys;
+    row_keys.template init<kMasked>(pol, sk, tScS_rc, m0);
+
+    int n_block = w.n_last - 1;
+    // Mainloop, software-pipelined within the warpgroup: while S_j = Q K_j^T runs on the tensor cores, the
+    // previous tile's P_{j-1} V_{j-1} is issued behind it, and the softmax of S_j overlaps P_{j-1} V_{j-1}.
+    // O is rescaled by tile j-1's factor just before P_{j-1} V_{j-1} is added (FlashAttention-3's order).
+    cutlass::arch::ClusterTransactionBarrier::wait(&ss.barrier_q, q_loads & 1);
+    ++q_loads;
+    float alpha[kRows];
+    // Scores of tile n_block into P (in acc_s): hook, mask, online softmax.
+    auto scores = [&](auto first, auto masked) __attribute__((always_inline)) {
+      const int n0 = n_block * kBlockN;
+      if constexpr (kHooks) apply_hook<AnyHook>(s_rc, tScS_rc, m0, n0, hook);
+      if constexpr (decltype(masked)::value) row_keys.apply(s_rc, tScS_rc, n0, -INFINITY);
+      softmax.template fold<decltype(first)::value>(s_rc, mult, alpha);
+    };
+    auto to_p = [&]() __attribute__((always_inline)) {
+      Tensor p16 = convert_to<Element>(acc_s);
+      CUTE_UNROLL
+      for (int i = 0; i < size(rP); ++i) rP(i) = p16(i);
+    };
+    // First tile: S_0 alone.
     pipeline_k.consumer_wait(read);
     turns.wait_turn();
     wg_gemm<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, read.index()), acc_s);
-    softmax.rescale(acc_o_rc, alpha);
-    pipeline_v.consumer_wait(prev);
-    wg_gemm<false, -1>(mma_pv, tOrP, tOrV(_, _, _, prev.index()), acc_o);
     turns.pass_turn();
-    warpgroup_wait<1>();  // S_j is in
+    warpgroup_wait<0>();
     pipeline_k.consumer_release(read);
-    scores(cute::false_type{}, masked);
-    warpgroup_wait<0>();  // P_{j-1} V_{j-1} is in: tOrP and V_{j-1}'s buffer are free
-    pipeline_v.consumer_release(prev);
+    scores(cute::true_type{}, cute::true_type{});
     to_p();
     prev = read;
     ++read;
-  };
-  auto needs_mask = [&](int nb) {
-    const int n0 = nb * kBlockN;
-    if (n0 + kBlockN > sk) return true;
-    if constexpr (kMasked) return pol.tile(m0, min(kBlockM, sq - m0), n0, kBlockN) != detail::TileMask::full;
-    return false;
-  };
-  for (--n_block; n_block >= n_first && needs_mask(n_block); --n_block) step(cute::true_type{});
-  for (; n_block >= n_first && (!kMasked || !needs_mask(n_block)); --n_block) step(cute::false_type{});
-  if constexpr (kMasked)
-    for (; n_block >= n_first; --n_block) step(cute::true_type{});
-  // Last tile's P V.
-  softmax.rescale(acc_o_rc, alpha);
-  pipeline_v.consumer_wait(prev);
-  turns.wait_turn();
-  wg_gemm<false, -1>(mma_pv, tOrP, tOrV(_, _, _, prev.index()), acc_o);
-  turns.pass_turn();
-  warpgroup_wait<0>();
-  pipeline_v.consumer_release(prev);
-  turns.finish();
+    auto step = [&](auto masked) __attribute__((always_inline)) {
+      pipeline_k.consumer_wait(read);
+      turns.wait_turn();
+      wg_gemm<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, read.index()), acc_s);
+      softmax.rescale(acc_o_rc, alpha);
+      pipeline_v.consumer_wait(prev);
+      wg_gemm<false, -1>(mma_pv, tOrP, tOrV(_, _, _, prev.index()), acc_o);
+      turns.pass_turn();
+      warpgroup_wait<1>();  // S_j is in
+      pipeline_k.consumer_release(read);
+      scores(cute::false_type{}, masked);
+      warpgroup_wait<0>();  // P_{j-1} V_{j-1} is in: tOrP and V_{j-1}'s buffer are free
+      pipeline_v.consumer_release(prev);
+      to_p();
+      prev = read;
+      ++read;
+    };
+    auto needs_mask = [&](int nb) {
+      const int n0 = nb * kBlockN;
+      if (n0 + kBlockN > sk) return true;
+      if constexpr (kMasked) return pol.tile(m0, min(kBlockM, sq - m0), n0, kBlockN) != detail::TileMask::full;
+      return false;
+    };
+    for (--n_block; n_block >= w.n_first && needs_mask(n_block); --n_block) step(cute::true_type{});
+    for (; n_block >= w.n_first && (!kMasked || !needs_mask(n_block)); --n_block) step(cute::false_type{});
+    if constexpr (kMasked)
+      for (; n_block >= w.n_first; --n_block) step(cute::true_type{});
+    // Last tile's P V.
+    softmax.rescale(acc_o_rc, alpha);
+    pipeline_v.consumer_wait(prev);
+    turns.wait_turn();
+    wg_gemm<false, -1>(mma_pv, tOrP, tOrV(_, _, _, prev.index()), acc_o);
+    turns.pass_turn();
+    warpgroup_wait<0>();
+    pipeline_v.consumer_release(prev);
+    // Every product of this tile is done: Q's buffer may take the next tile's (its load overlaps this epilogue).
+    cutlass::arch::ClusterBarrier::arrive(&ss.barrier_q_empty);
 
-  // Epilogue: normalise; LSE from the lanes that own each row; O as pairs of 16-bit values straight from the
-  // accumulator (each quad writes 16 contiguous bytes of a row).
-  float lse[kRows];
-  softmax.finalize(acc_o_rc, score_scale, lse);
-  if (tidx % 4 == 0) {
-    CUTE_UNROLL
-    for (int mi = 0; mi < kRows; ++mi) {
-      const int row = m0 + get<0>(tScS_rc(mi, 0));
-      if (row < sq) lse_bh[row * a.lse_stride.row] = lse[mi];
+    // Epilogue: normalise; LSE from the lanes that own each row; O as pairs of 16-bit values straight from the
+    // accumulator (each quad writes 16 contiguous bytes of a row).
+    float lse[kRows];
+    softmax.finalize(acc_o_rc, score_scale, lse);
+    if (tidx % 4 == 0) {
+      CUTE_UNROLL
+      for (int mi = 0; mi < kRows; ++mi) {
+        const int row = m0 + get<0>(tScS_rc(mi, 0));
+        if (row < sq) lse_bh[row * a.lse_stride.row] = lse[mi];
+      }
     }
-  }
-  Tensor tOcO = thr_pv.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kD>>{}));
-  Tensor tOcO_rc = make_tensor(tOcO.data(), acc_rowcol(tOcO.layout()));
-  const int hdim_v = static_cast<int>(a.hdim_v);
-  CUTE_UNROLL
-  for (int mi = 0; mi < size<0>(acc_o_rc); ++mi) {
-    const int row = m0 + get<0>(tOcO_rc(mi, 0));
-    if (row >= sq) continue;
-    Element* o_row = o_bh + row * a.out_stride.row;
     CUTE_UNROLL
-    for (int ni = 0; ni < size<1>(acc_o_rc); ni += 2) {
-      const int col = get<1>(tOcO_rc(mi, ni));  // even; col + 1 is this thread's next value
-      if (col < hdim_v) {
-        cutlass::Array<Element, 2> pair;
-        pair[0] = Element(acc_o_rc(mi, ni));
-        pair[1] = Element(acc_o_rc(mi, ni + 1));
-        *reinterpret_cast<cutlass::Array<Element, 2>*>(o_row + col) = pair;
+    for (int mi = 0; mi < size<0>(acc_o_rc); ++mi) {
+      const int row = m0 + get<0>(tOcO_rc(mi, 0));
+      if (row >= sq) continue;
+      Element* o_row = o_bh + row * a.out_stride.row;
+      CUTE_UNROLL
+      for (int ni = 0; ni < size<1>(acc_o_rc); ni += 2) {
+        const int col = get<1>(tOcO_rc(mi, ni));  // even; col + 1 is this thread's next value
+        if (col < hdim_v) {
+          cutlass::Array<Element, 2> pair;
+          pair[0] = Element(acc_o_rc(mi, ni));
+          pair[1] = Element(acc_o_rc(mi, ni + 1));
+          *reinterpret_cast<cutlass::Array<Element, 2>*>(o_row + col) = pair;
+        }
       }
     }
   }
+  turns.finish();
 #endif
 }
 

@@ -1,8 +1,11 @@
 // Host-side launcher of the sm90 forward kernel (included by the generated instance files only): builds the
 // TMA descriptors of Q, K and V from the call's pointers and strides (no device work, no allocation) and
-// launches the kernel.
+// launches the persistent kernel, one CTA per SM.
 #pragma once
 
+#include <algorithm>
+
+#include "runtime/runtime.h"
 #include "sm90/fwd_kernel.h"
 #include "sm90/launch.h"
 
@@ -29,11 +32,15 @@ template <class Element, int kHeadDim, class V>
 cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
   using Traits = FwdTraits<Element, kHeadDim>;
   const detail::AttnParams& a = p.a;
-  const dim3 grid(static_cast<unsigned>((a.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM),
-                  static_cast<unsigned>(a.heads_q), static_cast<unsigned>(a.batch));
-  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return cudaSuccess;
   KernelParams<Traits> kp;
   kp.f = p;
+  kp.sched = StaticTileScheduler{static_cast<int>((a.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM),
+                                 static_cast<int>(a.heads_q), static_cast<int>(a.batch)};
+  if (kp.sched.count() == 0) return cudaSuccess;
+  // Persistent: one CTA per SM (the kernel's shared memory allows one), each walking its tiles.
+  const Gpu* g = gpu(a.device_index);
+  const int sms = g != nullptr && g->sms > 0 ? g->sms : 132;
+  const dim3 grid(static_cast<unsigned>(std::min(kp.sched.count(), sms)));
   const bool varlen = a.is_varlen();
   const std::int64_t rows_q = varlen ? a.total_q : a.seqlen_q, rows_k = varlen ? a.total_k : a.seqlen_k;
   auto mQ = gmem_view<Element>(a.q, a.q_stride, a, rows_q, a.hdim, a.heads_q, kp.shape_q);

@@ -69,6 +69,7 @@ struct FwdTraits {
     alignas(1024) Element k[cosize_v<SmemLayoutKV>];
     alignas(1024) Element v[cosize_v<SmemLayoutKV>];
     alignas(16) uint64_t barrier_q;
+    alignas(8) uint64_t barrier_q_empty;  // the consumers' arrivals once a tile's products no longer read Q
     typename Pipeline::SharedStorage pipeline_k;
     typename Pipeline::SharedStorage pipeline_v;
   };
