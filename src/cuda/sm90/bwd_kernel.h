@@ -74,10 +74,7 @@ struct BwdTraits {
     alignas(1024) Element q[cosize_v<SmemLayoutQ>];
     alignas(1024) Element dout[cosize_v<SmemLayoutQ>];
     alignas(1024) Element ds[cosize_v<SmemLayoutdS>];
-    alignas(128) float dq[kBlockM * kHeadDim];      // the step's dQ, in the workspace's order, for the bulk add
-    float* dq_dst;                                   // where it is added: its block of the workspace
-    int* dq_turns;                                   // deterministic mode: the block's turn counter,
-    int dq_turn;                                     // and the key blocks that add before this one
+    alignas(128) float dq[kBlockM * kHeadDim];  // the step's dQ, in the workspace's order, for the bulk add
     alignas(16) float lse_log2[kStages][kBlockM];  // the step's rows of the workspace, loaded with Q and dO
     alignas(16) float dsum[kStages][kBlockM];
     alignas(16) uint64_t barrier_kv;
@@ -215,31 +212,38 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
       }
     } else if (warp == 1 && steps > 0) {
       // The dQ writer: each step's dQ block from shared memory to the fp32 workspace in one bulk reduction; in
-      // deterministic mode after the key blocks before this one have added theirs (a turn counter per block). The
-      // consumers leave the block's address and turn beside it (this warp has 24 registers).
-      for (int step = 0; step < steps; ++step) {
-        cutlass::arch::NamedBarrier::sync(kDqThreads, kDqFull);
-        if (lane_leader) {
-          int* turns = ss.dq_turns;
-          if (turns != nullptr) {
-            const int turn = ss.dq_turn;
-            int seen;
-            do {
-              asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(turns) : "memory");
-            } while (seen != turn);
+      // deterministic mode after the key blocks before this one have added theirs (a turn counter per block). It
+      // walks the consumers' (head, query block) steps itself: nothing but the dQ block passes through shared
+      // memory, so the two named barriers order every access the threads share.
+      int step = 0;
+      for (int g = 0; g < p.group; ++g) {
+        const std::int64_t ws_head = ws_row0(p, b, hk * p.group + g);
+        for (int m = m_first; m < m_last; ++m, ++step) {
+          const int m0 = m * kBlockM;
+          cutlass::arch::NamedBarrier::sync(kDqThreads, kDqFull);
+          if (lane_leader) {
+            int* turns = a.deterministic ? p.dq_semaphore + (ws_head + m0) / kBlockM : nullptr;
+            if (turns != nullptr) {
+              int turn = n_block;  // the key blocks that add before this one
+              if constexpr (kMasked) turn -= static_cast<int>(pol.key_tiles(m0, min(kBlockM, sq - m0), kBlockN).begin);
+              int seen;
+              do {
+                asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(turns) : "memory");
+              } while (seen != turn);
+            }
+            bulk_reduce_add(p.dq_accum + (ws_head + m0) * kD, ss.dq, kBlockM * kD * int(sizeof(float)));
+            tma_store_arrive();
+            if (turns != nullptr) {  // this block's sums complete and visible before the next key block's turn
+              bulk_wait_all();
+              __threadfence();
+              atomicAdd(turns, 1);
+            } else {
+              tma_store_wait<0>();  // read: the buffer is free
+            }
           }
-          bulk_reduce_add(ss.dq_dst, ss.dq, kBlockM * kD * int(sizeof(float)));
-          tma_store_arrive();
-          if (turns != nullptr) {  // this block's sums complete and visible before the next key block's turn
-            bulk_wait_all();
-            __threadfence();
-            atomicAdd(turns, 1);
-          } else {
-            tma_store_wait<0>();  // read: the buffer is free
-          }
+          __syncwarp();
+          if (step + 1 < steps) cutlass::arch::NamedBarrier::arrive(kDqThreads, kDqEmpty);
         }
-        __syncwarp();
-        if (step + 1 < steps) cutlass::arch::NamedBarrier::arrive(kDqThreads, kDqEmpty);
       }
       if (lane_leader) bulk_wait_all();
     }
@@ -292,7 +296,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
   for (int g = 0; g < p.group && steps > 0; ++g) {
     const int h = hk * p.group + g;
     if constexpr (kHooks) hook = TileHook::make(detail::ScoreHook::make(a, seq, b, h));
-    const std::int64_t ws_head = ws_row0(p, b, h);
 #pragma unroll 1
     for (int m = m_first; m < m_last; ++m) {
       const int m0 = m * kBlockM;
@@ -368,13 +371,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
       // dQ to shared memory in the workspace's order, for the writer warp's bulk add (once it has read the last
       // step's).
       if (step > 0) cutlass::arch::NamedBarrier::sync(kDqThreads, kDqEmpty);
-      if (tidx == 0) {  // where it goes, and in deterministic mode after which key blocks' sums
-        ss.dq_dst = p.dq_accum + (ws_head + m0) * kD;
-        ss.dq_turns = a.deterministic ? p.dq_semaphore + (ws_head + m0) / kBlockM : nullptr;
-        int turn = n_block;
-        if constexpr (kMasked) turn -= static_cast<int>(pol.key_tiles(m0, min(kBlockM, sq - m0), kBlockN).begin);
-        ss.dq_turn = turn;
-      }
       CUTE_UNROLL
       for (int i = 0; i < size(acc_dq); i += 4)
         *reinterpret_cast<float4*>(ss.dq + dq_offset(i, tidx)) =

@@ -179,7 +179,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       // and its epilogue.
       cutlass::PipelineState<Traits::kStages> write = cutlass::make_producer_start_state<Pipeline>();
       int q_loads = 0;
-      for (int t = sched.first(); t < sched.count(); t += sched.stride()) {
+      for (int k = 0, t = sched.tile(0); t < sched.count(); t = sched.tile(++k)) {
         const Tile w = tile_at(t);
         if (w.m0 >= w.sq || w.n_first >= w.n_last) continue;  // no rows, or no keys: nothing to load
         // Batch mode: tensor (rows, d, heads, batch) at batch b. Varlen: the packed rows, from the sequence's row 0.
@@ -247,7 +247,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   // warpgroup that arrived for its next tile before the first had synced for its last would fill the barrier alone).
   turns.start();
 
-  for (int t = sched.first(); t < sched.count(); t += sched.stride()) {
+  for (int k = 0, t = sched.tile(0); t < sched.count(); t = sched.tile(++k)) {
     const Tile w = tile_at(t);
     if (w.m0 >= w.sq) continue;  // varlen: this sequence is shorter than max_seqlen_q
     const int m0 = w.m0, sq = w.sq, sk = w.sk, b = w.b, h = w.h;

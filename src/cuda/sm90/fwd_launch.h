@@ -35,7 +35,7 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
   KernelParams<Traits> kp;
   kp.f = p;
   kp.sched = StaticTileScheduler{static_cast<int>((a.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM),
-                                 static_cast<int>(a.heads_q), static_cast<int>(a.batch)};
+                                 static_cast<int>(a.heads_q), static_cast<int>(a.batch), V::kMasked};
   if (kp.sched.count() == 0) return cudaSuccess;
   // Persistent: one CTA per SM (the kernel's shared memory allows one), each walking its tiles.
   const Gpu* g = gpu(a.device_index);
