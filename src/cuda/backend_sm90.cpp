@@ -109,8 +109,7 @@ class CudaSm90 final : public Backend {
       k.threads = 384;
       d << "hdim_bucket=" << bucket << " warpgroups=1 producer (TMA: K, V once; Q, dO per step) + 2 consumers "
         << "(64 keys each; S^T, dP^T, dV, dK, dQ on wgmma) registers=24/240 stages=2 dq=fp32 reductions"
-        << (p.deterministic ? " in key-block order (deterministic)" : "")
-        << (kind == Kind::plain ? " grid=key blocks fastest" : " grid=heads fastest (longest key blocks first)");
+        << (p.deterministic ? " in key-block order (deterministic)" : "");
     }
     d << " variant=" << cuda::kind_name(kind) << " (tiles: "
       << (kind == Kind::plain ? "every key tile" : "the mask policy's") << ") dtype=" << dtype_name(p.dtype)

@@ -98,7 +98,6 @@ struct BwdKernelParams {
   typename Traits::TmaQ tma_q, tma_do;
   typename Traits::TmaKV tma_k, tma_v;
   GmemShape shape_q, shape_do, shape_k, shape_v;
-  bool heads_first;  // the grid's x is the KV head, y the key block
 };
 
 // Offset of accumulator element i of thread tidx (0..255) in a query block's dQ workspace: thread-major, four
@@ -145,9 +144,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
   Pipeline pipeline(ss.pipeline_qdo, pp, Shape<_1, _1, _1>{});
   __syncthreads();
 
-  // Grid: (key blocks, KV heads, sequences), or (KV heads, key blocks, sequences) when heads_first (bwd_launch.h).
-  const int n_block = kp.heads_first ? blockIdx.y : blockIdx.x, hk = kp.heads_first ? blockIdx.x : blockIdx.y;
-  const int b = blockIdx.z;
+  const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
   const detail::SeqInfo seq = detail::sequence(a, b);
   const int sq = static_cast<int>(seq.seqlen_q), sk = static_cast<int>(seq.seqlen_k);
   const int n0 = n_block * kBlockN;

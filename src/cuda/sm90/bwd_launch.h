@@ -32,18 +32,11 @@ cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
     sm80::sink_grad_kernel<sm80::kAuxThreads><<<heads_q, sm80::kAuxThreads, 0, stream>>>(p);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
   }
-  // Under a causal mask key block n pairs with the query blocks from n on: the first key blocks are the longest. The
-  // GPU starts CTAs in grid order, so heads go fastest there: every head's long blocks start before any short one
-  // (key blocks fastest, the last head's longest blocks would start near the end and run on alone). Without a mask
-  // key blocks go fastest, so the CTAs running together share one head's Q and dO in L2.
-  const auto n_blocks = static_cast<unsigned>((a.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN);
-  const auto heads_kv = static_cast<unsigned>(a.heads_kv);
-  const bool heads_first = V::kMasked && n_blocks <= 65535;  // the grid's y limit
-  const dim3 grid = heads_first ? dim3(heads_kv, n_blocks, batch) : dim3(n_blocks, heads_kv, batch);
+  const dim3 grid(static_cast<unsigned>((a.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN),
+                  static_cast<unsigned>(a.heads_kv), batch);
   if (grid.x > 0 && grid.y > 0 && grid.z > 0) {
     BwdKernelParams<Traits> kp;
     kp.p = p;
-    kp.heads_first = heads_first;
     const bool varlen = a.is_varlen();
     const std::int64_t rows_q = varlen ? a.total_q : a.seqlen_q, rows_k = varlen ? a.total_k : a.seqlen_k;
     auto mQ = gmem_view<Element>(a.q, a.q_stride, a, rows_q, a.hdim, a.heads_q, kp.shape_q);
