@@ -19,6 +19,7 @@
 #                          cpu: scripts/cpu_remote.sh run (CPU tests per ISA + CPU benchmark, from binaries
 #                          carried in .carry/cpu; runs first, before the build loads the cores)
 #   FT_BREAKDOWN_CELLS     hdim:seqlen:causal list for the breakdown step (bench/gpu_profile.py --breakdown)
+#   FT_PROFILE_ARGS, FT_PROFILE_KERNELS   the profile step's shape (bench/gpu_profile.py) and ncu's kernel regex
 #   FT_BENCH_ARGS=""       extra arguments for bench/gpu_bench.py (e.g. "--hdims 128 --seqlens 1024,8192")
 #   CUTLASS_DIR            CuTe headers (default: .carry/cutlass/include if present, else the pip package)
 set -uo pipefail
@@ -158,13 +159,13 @@ if has_step profile; then  # ncu on one shape: FlashTile's kernels next to torch
     PARGS=${FT_PROFILE_ARGS:-"--hdim 128 --seqlen 4096"}
     python3 bench/gpu_profile.py --lib "$CAPI" --time $PARGS > "$OUT/profile.log" 2>&1
     timeout ${FT_PROFILE_TIMEOUT:-300} ncu --clock-control none --set full --import-source no \
-      -k 'regex:fwd_kernel|bwd_kernel|flash_fwd_kernel|flash_bwd_dq_dk_dv' -f -o /tmp/ft-prof \
+      -k "regex:${FT_PROFILE_KERNELS:-fwd_kernel|bwd_kernel|flash_fwd_kernel|flash_bwd_dq_dk_dv}" -f -o /tmp/ft-prof \
       python3 bench/gpu_profile.py --lib "$CAPI" $PARGS >> "$OUT/profile.log" 2>&1
     note "PROFILE: rc=$? ($(( $(date +%s) - t0 )) s); $(grep -c TFLOP "$OUT/profile.log") timed calls"
     grep TFLOP "$OUT/profile.log" | tee -a "$SUMMARY"
     ncu --import /tmp/ft-prof.ncu-rep --page details > "$OUT/ncu_details.txt" 2>&1
     ncu --import /tmp/ft-prof.ncu-rep --page source --csv --print-source sass \
-      -k 'regex:fwd_kernel|bwd_kernel|flash_bwd_dq' > "$OUT/ncu_sass.csv" 2>&1
+      -k "regex:${FT_PROFILE_KERNELS:-fwd_kernel|bwd_kernel|flash_bwd_dq}" > "$OUT/ncu_sass.csv" 2>&1
     python3 - "$OUT/ncu_details.txt" <<'PY' | tee -a "$SUMMARY"
 import re, sys
 keys = ("Duration", "Registers Per Thread", "Achieved Occupancy", "Compute (SM) Throughput", "Issue Slots Busy",
