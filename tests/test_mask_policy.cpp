@@ -19,9 +19,9 @@ using flashtile::detail::MaskPolicy;
 using flashtile::detail::Range;
 using flashtile::detail::TileMask;
 
-// Every Sq, Sk < 13 and window side in −1..4: each row's key range, each query block's key range and key-tile
-// trip count, each key block's row range and query-tile trip count, and each (query block, key block) tile's
-// skip / full / partial answer, against a dense visibility matrix built from the definition (2D prefix sums
+// Every Sq, Sk < 13 and window side in −1..4: each row's key range, each query block's key range, key-tile
+// trip count and full key tiles, each key block's row range, query-tile trip count and full query tiles, and each
+// (query block, key block) tile's skip / full / partial answer, against a dense visibility matrix built from the definition (2D prefix sums
 // count the visible cells of a block).
 TEST(MaskPolicy, MatchesTheDefinitionExhaustively) {
   long bad = 0;
@@ -61,6 +61,13 @@ TEST(MaskPolicy, MatchesTheDefinitionExhaustively) {
                   const bool any = count(q0, q0 + nr, kt * bn, std::min(sk, (kt + 1) * bn)) > 0;
                   bad += any != (kt >= t.begin && kt < t.end);
                 }
+                // full key tiles = exactly the whole tiles every row sees whole; none past Sk
+                const Range f = m.full_key_tiles(q0, nr, bn);
+                for (std::int64_t kt = 0; kt * bn < sk; ++kt) {
+                  const bool in = kt >= f.begin && kt < f.end;
+                  const bool whole = (kt + 1) * bn <= sk;
+                  bad += whole ? in != (count(q0, q0 + nr, kt * bn, (kt + 1) * bn) == nr * bn) : in;
+                }
               }
               for (std::int64_t k0 = 0; k0 < sk; ++k0)
                 for (std::int64_t n = 1; k0 + n <= sk; ++n) {
@@ -81,6 +88,13 @@ TEST(MaskPolicy, MatchesTheDefinitionExhaustively) {
                 for (std::int64_t qt = 0; qt * bm < sq; ++qt) {
                   const bool any = count(qt * bm, std::min(sq, (qt + 1) * bm), k0, k0 + n) > 0;
                   bad += any != (qt >= t.begin && qt < t.end);
+                }
+                // full query tiles = exactly the whole tiles whose every row sees the keys whole; none past Sq
+                const Range f = m.full_query_tiles(k0, n, bm);
+                for (std::int64_t qt = 0; qt * bm < sq; ++qt) {
+                  const bool in = qt >= f.begin && qt < f.end;
+                  const bool whole = (qt + 1) * bm <= sq;
+                  bad += whole ? in != (count(qt * bm, (qt + 1) * bm, k0, k0 + n) == bm * n) : in;
                 }
               }
             }
