@@ -289,6 +289,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
   TileHook hook;
   const float scale_log2 = kHooks ? 1.4426950408889634f : p.scale_log2;
 
+  // Query blocks whose every row sees all of this CTA's keys: no element mask (asked once, not per step).
+  detail::Range full_m{};
+  if constexpr (kMasked)
+    if (n0 < sk) full_m = pol.full_query_tiles(n0, min(kBlockN, sk - n0), kBlockM);
   if (steps > 0) cutlass::arch::ClusterTransactionBarrier::wait(&ss.barrier_kv, 0);
   cutlass::PipelineState<Traits::kStages> read;
   int buf = 0;   // dS buffer
@@ -307,8 +311,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
       wg_gemm<true, -1>(mma_sdp, tdPrV, tdPrdO(_, _, _, stage), acc_dp);
       Tensor s_rc = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
       Tensor dp_rc = make_tensor(acc_dp.data(), acc_rowcol(acc_dp.layout()));
-      const bool mask_tile = n0 + kBlockN > sk ||
-                             (kMasked && pol.tile(m0, min(kBlockM, sq - m0), n0, kBlockN) != detail::TileMask::full);
+      const bool mask_tile = n0 + kBlockN > sk || (kMasked && (m < full_m.begin || m >= full_m.end));
       const float* lse_s = ss.lse_log2[stage];  // +inf past the sequence: P = 0
       const float* dsum_s = ss.dsum[stage];
       // P^T = exp2(S^T scale - lse) (0 outside the mask); `fused`: also dS^T = P^T (dP^T - dsum) dscore, for the

@@ -262,6 +262,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       for (int r = tidx; r < rows; r += Traits::kMmaThreads) lse_bh[(m0 + r) * a.lse_stride.row] = sink;
       continue;
     }
+    // Key tiles every row of the block sees whole: no element mask (asked once per tile, not per key tile).
+    detail::Range full{};
+    if constexpr (kMasked) full = w.pol.full_key_tiles(m0, min(kBlockM, sq - m0), kBlockN);
     const detail::MaskPolicy& pol = w.pol;
     clear(acc_o);
     TileHook hook;
@@ -318,10 +321,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       ++read;
     };
     auto needs_mask = [&](int nb) {
-      const int n0 = nb * kBlockN;
-      if (n0 + kBlockN > sk) return true;
-      if constexpr (kMasked) return pol.tile(m0, min(kBlockM, sq - m0), n0, kBlockN) != detail::TileMask::full;
-      return false;
+      if constexpr (kMasked) return nb < full.begin || nb >= full.end;  // past Sk: never full
+      return nb * kBlockN + kBlockN > sk;
     };
     for (--n_block; n_block >= w.n_first && needs_mask(n_block); --n_block) step(cute::true_type{});
     for (; n_block >= w.n_first && (!kMasked || !needs_mask(n_block)); --n_block) step(cute::false_type{});
