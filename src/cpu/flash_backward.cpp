@@ -44,17 +44,6 @@ using detail::AttnParams;
 constexpr Phase kProducts = kPhaseQK, kExp = kPhaseSoftmax, kDs = kPhasePV;
 PhaseTotals g_phases{FT_PHASE_STR(FT_ISA_NS) " backward", {"products", "exp", "dS"}};
 
-// True when rows [0, rows) of a tile (ld floats apart, the first n of each) hold no NaN or infinity.
-bool all_finite(const float* x, int rows, int n, int ld) {
-  for (int r = 0; r < rows; ++r) {
-    const float* xr = x + static_cast<std::int64_t>(r) * ld;
-    float acc = 0.0f;  // 0 · x is 0 for every finite x, NaN for NaN and ±inf
-    for (int j = 0; j < n; ++j) acc += 0.0f * xr[j];
-    if (acc != 0.0f) return false;
-  }
-  return true;
-}
-
 std::unique_ptr<float[]> zeros(std::int64_t n) {
   return std::unique_ptr<float[]>(new float[static_cast<std::size_t>(n)]());
 }

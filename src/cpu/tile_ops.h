@@ -62,6 +62,18 @@ inline void gemm_tn(int m, int n, int k, const float* __restrict a, int lda, con
   }
 }
 
+// True when rows [0, rows) of a tile (ld floats apart, the first n of each) hold no NaN or infinity: then a
+// product may run over masked entries whose weights are exact zeros (0 · x = 0) instead of passing bounds.
+inline bool all_finite(const float* x, int rows, int n, int ld) {
+  for (int r = 0; r < rows; ++r) {
+    const float* xr = x + static_cast<std::int64_t>(r) * ld;
+    float acc = 0.0f;  // 0 · x is 0 for every finite x, NaN for NaN and ±inf
+    for (int j = 0; j < n; ++j) acc += 0.0f * xr[j];
+    if (acc != 0.0f) return false;
+  }
+  return true;
+}
+
 // max_j x[j] (NaN-blind; a NaN reaches the output through exp2 and the sum instead).
 inline float row_max(const float* x, int n) {
   float m = -__builtin_inff();
