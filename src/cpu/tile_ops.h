@@ -5,9 +5,9 @@
 // `lo` / `hi` (optional, together, one entry per query row of the tile) bound the keys a query row may touch
 // to [lo, hi): masked keys then contribute nothing at all, not even 0 · NaN, so a NaN in a key or value that a
 // row does not see can never reach that row (standard attention with an additive mask would leak it). Only
-// partial tiles (MaskPolicy::tile) pass bounds, and they take the plain loops; the backward passes them only when
-// an operand of the tile is not finite (flash_backward.cpp), since with finite operands the exact zeros of the
-// masked entries add nothing on the SIMD kernel either.
+// partial tiles (MaskPolicy::tile) pass bounds, and they take the plain loops; the float32 forward and backward
+// pass them only when an operand a masked entry multiplies is not finite (all_finite below), since with finite
+// operands the exact zeros of the masked entries add nothing on the SIMD kernel either.
 #pragma once
 
 #include "cpu/isa_namespace.h"
