@@ -21,8 +21,8 @@ using flashtile::detail::TileMask;
 
 // Every Sq, Sk < 13 and window side in −1..4: each row's key range, each query block's key range, key-tile
 // trip count and full key tiles, each key block's row range, query-tile trip count and full query tiles, and each
-// (query block, key block) tile's skip / full / partial answer, against a dense visibility matrix built from the definition (2D prefix sums
-// count the visible cells of a block).
+// (query block, key block) tile's skip / full / partial answer, against a dense visibility matrix built from the
+// definition (2D prefix sums count the visible cells of a block).
 TEST(MaskPolicy, MatchesTheDefinitionExhaustively) {
   long bad = 0;
   for (std::int64_t sq = 0; sq < 13; ++sq)

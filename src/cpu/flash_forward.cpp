@@ -139,8 +139,12 @@ void forward_tile(const AttnParams& p, FwdScratch& w, std::int64_t b, std::int64
     // straight into the output made one running float sum over all Sk keys, whose rounding dominated the
     // error (S=4096, D=128: max error 2.5e-7 against standard attention's 6.9e-8, which sums in blocks;
     // two levels: 7.1e-8). The extra pass measured no slower (1 thread, S=2048, D=128, interleaved).
-    gemm_nn(rows, w.ldv, n, w.s.get(), bk, w.v.get() + k0 * w.ldv, w.ldv, w.pv.get(), w.ldv, false,
-            needs_mask ? w.lo.get() : nullptr, needs_mask ? w.hi.get() : nullptr);
+    // A partial tile passes its rows' key bounds only when a value row of the tile is not finite: otherwise
+    // the masked P entries are exact zeros and the SIMD kernel takes the whole tile (tile_ops.h).
+    const float* vt = w.v.get() + k0 * w.ldv;
+    const bool bounded = needs_mask && !all_finite(vt, n, dv, w.ldv);
+    gemm_nn(rows, w.ldv, n, w.s.get(), bk, vt, w.ldv, w.pv.get(), w.ldv, false, bounded ? w.lo.get() : nullptr,
+            bounded ? w.hi.get() : nullptr);
     add_rows(rows, w.ldv, w.pv.get(), w.acc.get());
     clock.mark(kPhasePV);
   }

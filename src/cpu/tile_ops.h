@@ -5,12 +5,15 @@
 // `lo` / `hi` (optional, together, one entry per query row of the tile) bound the keys a query row may touch
 // to [lo, hi): masked keys then contribute nothing at all, not even 0 · NaN, so a NaN in a key or value that a
 // row does not see can never reach that row (standard attention with an additive mask would leak it). Only
-// partial tiles (MaskPolicy::tile) pass bounds; they take the plain loops.
+// partial tiles (MaskPolicy::tile) pass bounds, and they take the plain loops; the backward passes them only when
+// an operand of the tile is not finite (flash_backward.cpp), since with finite operands the exact zeros of the
+// masked entries add nothing on the SIMD kernel either.
 #pragma once
 
 #include "cpu/isa_namespace.h"
 
 #include <cstdint>
+#include <cstring>
 
 #include "cpu/exp2.h"
 #include "cpu/kernel_common.h"
@@ -58,6 +61,24 @@ inline void gemm_tn(int m, int n, int k, const float* __restrict a, int lda, con
       for (int j = 0; j < n; ++j) ci[j] += av * bp[j];
     }
   }
+}
+
+// True when rows [0, rows) of a tile (ld floats apart, the first n of each) hold no NaN or infinity: then a
+// product may run over masked entries whose weights are exact zeros (0 · x = 0) instead of passing bounds.
+// An exponent of all ones is NaN or ±inf; the test is an integer OR, which the compiler vectorises (a float sum
+// of 0 · x would be a chain of dependent adds).
+inline bool all_finite(const float* x, int rows, int n, int ld) {
+  for (int r = 0; r < rows; ++r) {
+    const float* xr = x + static_cast<std::int64_t>(r) * ld;
+    std::uint32_t bad = 0;
+    for (int j = 0; j < n; ++j) {
+      std::uint32_t u;
+      std::memcpy(&u, xr + j, sizeof u);
+      bad |= static_cast<std::uint32_t>((u & 0x7f800000u) == 0x7f800000u);
+    }
+    if (bad != 0) return false;
+  }
+  return true;
 }
 
 // max_j x[j] (NaN-blind; a NaN reaches the output through exp2 and the sum instead).

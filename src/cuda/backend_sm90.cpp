@@ -102,7 +102,8 @@ class CudaSm90 final : public Backend {
       d << "hdim_bucket=" << bucket << " warpgroups=1 producer (TMA) + " << t.block_m / 64
         << " consumers (wgmma, 64 rows each) registers=24/240 stages=" << t.stages
         << " (K and V rings, mbarrier pipeline) scheduler=persistent, one CTA per SM, static snake waves, "
-        << (kind == Kind::plain ? "blocks fastest" : "longest first") << " smem<=" << sm90::fwd_smem_bytes(bucket) << "B";
+        << (kind == Kind::plain ? "blocks fastest" : "longest first")
+        << " smem<=" << sm90::fwd_smem_bytes(bucket) << "B";
     } else {
       k.block_q = 64;
       k.block_k = 128;
