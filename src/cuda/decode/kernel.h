@@ -117,6 +117,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   const detail::MaskPolicy pol = detail::MaskPolicy::make(a, seq);
   const int t0 = r0 / group, t1 = (r0 + nrows - 1) / group + 1;  // the tile's tokens
   const detail::Range tiles = pol.key_tiles(t0, t1 - t0, kBlockN);
+  const detail::Range full = pol.full_key_tiles(t0, t1 - t0, kBlockN);  // tiles every row sees whole
   const int per_split = static_cast<int>((tiles.size() + p.splits - 1) / p.splits);
   const int it_begin = static_cast<int>(tiles.begin) + split * per_split;
   const int it_end = min(it_begin + per_split, static_cast<int>(tiles.end));
@@ -272,7 +273,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     // Element masking on boundary tiles only (the sequence's key tail, the mask's edges); uniform per CTA.
     // (Rows past the tile's last are never written: their scores need no mask.)
     const bool boundary =
-        n0 + kBlockN > sk || (kMasked && pol.tile(t0, t1 - t0, n0, kBlockN) != detail::TileMask::full);
+        n0 + kBlockN > sk || (kMasked && (it < full.begin || it >= full.end));
     if (boundary) keys.apply(s_rc, tScS_rc, nw, -INFINITY);
     softmax.template update<false>(s_rc, acc_o_rc, mult);
     Tensor rP = convert_to<Element>(acc_s);

@@ -96,12 +96,14 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_kernel(const __grid_cons
   const int q_row0 = static_cast<int>(seq.q_row0);  // < 2^31 (can_run)
   const detail::MaskPolicy pol = detail::MaskPolicy::make(a, seq);
   int m_first = 0, m_last = 0;
+  detail::Range full_m{};  // query blocks whose every row sees all of this CTA's keys (core/mask.h)
   if (n0 < sk) {
     m_last = (sq + kBlockM - 1) / kBlockM;
     if constexpr (kMasked) {
       const detail::Range t = pol.query_tiles(n0, min(kBlockN, sk - n0), kBlockM);
       m_first = static_cast<int>(t.begin);
       m_last = static_cast<int>(t.end);
+      full_m = pol.full_query_tiles(n0, min(kBlockN, sk - n0), kBlockM);
     }
   }
   const int m_blocks = m_last > m_first ? m_last - m_first : 0;
@@ -257,9 +259,7 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_kernel(const __grid_cons
     Tensor s_rc = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
     Tensor dp_rc = make_tensor(acc_dp.data(), acc_rowcol(acc_dp.layout()));
     // Element masking where the tile holds the key tail or the policy says partial (uniform per CTA).
-    const bool mask_this =
-        tail_tile ||
-        (kMasked && pol.tile(m0, min(kBlockM, sq - m0), n0, kBlockN) != detail::TileMask::full);
+    const bool mask_this = tail_tile || (kMasked && (mb < full_m.begin || mb >= full_m.end));
     if constexpr (!kHooks) {
       if (mask_this) mask_tile<kMasked>(s_rc, tScS_rc, m0, n0, pol, sk, -INFINITY);
       CUTE_UNROLL

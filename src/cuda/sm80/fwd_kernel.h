@@ -53,10 +53,14 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(const __grid_cons
 
   const detail::MaskPolicy pol = detail::MaskPolicy::make(a, seq);
   int n_first = 0, n_last = (sk + kBlockN - 1) / kBlockN;
+  int full_begin = 0, full_end = 0;  // key tiles every row of the block sees whole (core/mask.h)
   if constexpr (kMasked) {
     const detail::Range t = pol.key_tiles(m0, min(kBlockM, sq - m0), kBlockN);
     n_first = static_cast<int>(t.begin);
     n_last = static_cast<int>(t.end);
+    const detail::Range f = pol.full_key_tiles(m0, min(kBlockM, sq - m0), kBlockN);
+    full_begin = static_cast<int>(f.begin);
+    full_end = static_cast<int>(f.end);
   }
   if (n_first >= n_last) {
     write_empty_rows<Element, kBlockM, Traits::kThreads>(p, o_bh, lse_bh, m0, sq, sink, tidx);
@@ -162,10 +166,8 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(const __grid_cons
   // with ncu). The first step always masks (once per CTA; a tile that needs none is left unchanged by it).
   // Plain kernels mask only the key tail: their middle loop runs to the first tile.
   auto needs_mask = [&](int nb) {
-    const int n0 = nb * kBlockN;
-    if (n0 + kBlockN > sk) return true;
-    if constexpr (kMasked) return pol.tile(m0, min(kBlockM, sq - m0), n0, kBlockN) != detail::TileMask::full;
-    return false;
+    if constexpr (kMasked) return nb < full_begin || nb >= full_end;  // past Sk: never full
+    return nb * kBlockN + kBlockN > sk;
   };
   step(cute::true_type{}, cute::true_type{});
   for (--n_block; n_block >= n_first && needs_mask(n_block); --n_block) step(cute::false_type{}, cute::true_type{});
