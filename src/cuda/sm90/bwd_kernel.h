@@ -114,6 +114,36 @@ CUTE_DEVICE void bulk_reduce_add(float* dst, const float* src, int bytes) {
 }
 CUTE_DEVICE void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 
+// A (kRows x kCols) tile of 16-bit values staged in shared memory on its way out: written as pairs of adjacent
+// columns from an accumulator, read back in 16-byte vectors and stored with 16 consecutive threads per 256-byte
+// row. From the accumulator directly, each quad wrote 16 bytes of a row, half a 32-byte sector per store (ncu:
+// dq_convert at 111 us against cuDNN's 53). The pitch is 16 bytes more than a row, so that the pairs of the
+// accumulator's eight rows per warp fall in 32 distinct banks.
+template <int kRows, int kCols>
+struct StagedTile {
+  static constexpr int kPitch = kCols + 8;
+  static constexpr int kElems = kRows * kPitch;
+  static_assert(kCols % 8 == 0);
+  template <class Element>
+  CUTE_DEVICE static void put(Element* s, int row, int col, float x0, float x1) {
+    cutlass::Array<Element, 2> x;
+    x[0] = Element(x0);
+    x[1] = Element(x1);
+    *reinterpret_cast<cutlass::Array<Element, 2>*>(s + row * kPitch + col) = x;
+  }
+  // Rows below `rows` and columns below `cols` (a multiple of 8: checks.cpp) to dst (16-byte aligned rows).
+  template <class Element>
+  CUTE_DEVICE static void store(const Element* s, Element* dst, std::int64_t row_stride, int rows, int cols,
+                                int tid, int threads) {
+    constexpr int kChunks = kCols / 8;
+    for (int c = tid; c < kRows * kChunks; c += threads) {
+      const int r = c / kChunks, col = (c % kChunks) * 8;
+      if (r < rows && col < cols)
+        *reinterpret_cast<uint4*>(dst + r * row_stride + col) = *reinterpret_cast<const uint4*>(s + r * kPitch + col);
+    }
+  }
+};
+
 // Named barriers of the dQ hand-over between the consumers (256 threads) and the dQ writer warp (32): the
 // consumers arrive on kDqFull once the step's dQ is in shared memory; the writer arrives on kDqEmpty once the
 // bulk add has read it. (Barrier 1 is the consumers' own, for dS.)
@@ -395,31 +425,30 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
     }
   }
 
-  // dK (scaled) and dV for this CTA's keys below the sequence's key count.
-  Element* dk_bh = static_cast<Element*>(a.dk) + b * a.dk_stride.batch + seq.k_row0 * a.dk_stride.row +
-                   hk * a.dk_stride.head;
-  Element* dv_bh = static_cast<Element*>(a.dv) + b * a.dv_stride.batch + seq.k_row0 * a.dv_stride.row +
-                   hk * a.dv_stride.head;
+  // dK (scaled) and dV for this CTA's keys below the sequence's key count (rows in [sk, keys) are zeros: no step
+  // touched them), staged over the K, V and Q buffers once both consumers' last products are done.
+  using Staged = StagedTile<kBlockN, kD>;
+  static_assert(offsetof(Storage, k) == 0 && offsetof(Storage, q) == sizeof(ss.k) + sizeof(ss.v) &&
+                2 * Staged::kElems * sizeof(Element) <= offsetof(Storage, dout));
+  Element* s_dk = reinterpret_cast<Element*>(smem_raw);
+  Element* s_dv = s_dk + Staged::kElems;
   Tensor tdKc = thr_dkv.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kD>>{}));
-  const int hdim = static_cast<int>(a.hdim), hdim_v = static_cast<int>(a.hdim_v);
   const float scale = a.softmax_scale;
+  cutlass::arch::NamedBarrier::sync(Traits::kMmaThreads, 1);  // no wgmma reads K, V or Q any more
   CUTE_UNROLL
   for (int i = 0; i < size(acc_dk); i += 2) {  // pairs of adjacent columns
-    const int row = n0 + get<0>(tdKc(i)), col = get<1>(tdKc(i));
-    if (row >= keys) continue;  // rows in [sk, keys): zeros (no step touched them)
-    if (col < hdim) {
-      cutlass::Array<Element, 2> x;
-      x[0] = Element(acc_dk(i) * scale);
-      x[1] = Element(acc_dk(i + 1) * scale);
-      *reinterpret_cast<cutlass::Array<Element, 2>*>(dk_bh + row * a.dk_stride.row + col) = x;
-    }
-    if (col < hdim_v) {
-      cutlass::Array<Element, 2> x;
-      x[0] = Element(acc_dv(i));
-      x[1] = Element(acc_dv(i + 1));
-      *reinterpret_cast<cutlass::Array<Element, 2>*>(dv_bh + row * a.dv_stride.row + col) = x;
-    }
+    const int row = get<0>(tdKc(i)), col = get<1>(tdKc(i));
+    Staged::put(s_dk, row, col, acc_dk(i) * scale, acc_dk(i + 1) * scale);
+    Staged::put(s_dv, row, col, acc_dv(i), acc_dv(i + 1));
   }
+  cutlass::arch::NamedBarrier::sync(Traits::kMmaThreads, 1);
+  Element* dk_bh = static_cast<Element*>(a.dk) + b * a.dk_stride.batch + (seq.k_row0 + n0) * a.dk_stride.row +
+                   hk * a.dk_stride.head;
+  Element* dv_bh = static_cast<Element*>(a.dv) + b * a.dv_stride.batch + (seq.k_row0 + n0) * a.dv_stride.row +
+                   hk * a.dv_stride.head;
+  const int rows = min(kBlockN, keys - n0);
+  Staged::store(s_dk, dk_bh, a.dk_stride.row, rows, static_cast<int>(a.hdim), tidx, Traits::kMmaThreads);
+  Staged::store(s_dv, dv_bh, a.dv_stride.row, rows, static_cast<int>(a.hdim_v), tidx, Traits::kMmaThreads);
 #endif
 }
 
@@ -442,11 +471,9 @@ __global__ void __launch_bounds__(256) dq_convert_kernel(const __grid_constant__
   const float* src = p.dq_accum + (ws_row0(p, b, h) + m0) * kD;
   Element* dq_bh = static_cast<Element*>(a.dq) + b * a.dq_stride.batch + seq.q_row0 * a.dq_stride.row +
                    h * a.dq_stride.head;
-  const int hdim = static_cast<int>(a.hdim);
-  // All loads first, then the stores: the float loads and the 16-bit stores could alias as far as the compiler
-  // knows, so interleaved they would run one DRAM round trip per iteration (169 us at 8k tokens under ncu,
-  // against cuDNN's 55). Elements i .. i + 3 are one 16-byte load (dq_offset); (i, i + 1) and (i + 2, i + 3)
-  // are pairs of adjacent columns of two rows.
+  // The tile's floats (thread-major 16-byte groups, coalesced), scaled, through shared memory to 16-byte stores.
+  using Staged = StagedTile<kBlockM, kD>;
+  __shared__ alignas(16) Element tile[Staged::kElems];
   CUTE_UNROLL
   for (int i = 0; i < size(acc); i += 4) {
     const float4 v = __ldg(reinterpret_cast<const float4*>(src + dq_offset(i, tidx)));
@@ -456,14 +483,11 @@ __global__ void __launch_bounds__(256) dq_convert_kernel(const __grid_constant__
     acc(i + 3) = v.w;
   }
   CUTE_UNROLL
-  for (int i = 0; i < size(acc); i += 2) {
-    const int row = m0 + get<0>(coord(i)), col = get<1>(coord(i));
-    if (row >= sq || col >= hdim) continue;
-    cutlass::Array<Element, 2> x;
-    x[0] = Element(acc(i) * a.softmax_scale);
-    x[1] = Element(acc(i + 1) * a.softmax_scale);
-    *reinterpret_cast<cutlass::Array<Element, 2>*>(dq_bh + row * a.dq_stride.row + col) = x;
-  }
+  for (int i = 0; i < size(acc); i += 2)
+    Staged::put(tile, get<0>(coord(i)), get<1>(coord(i)), acc(i) * a.softmax_scale, acc(i + 1) * a.softmax_scale);
+  __syncthreads();
+  Staged::store(tile, dq_bh + m0 * a.dq_stride.row, a.dq_stride.row, min(kBlockM, sq - m0), static_cast<int>(a.hdim),
+                tidx, 256);
 }
 
 }  // namespace flashtile::cuda::sm90
