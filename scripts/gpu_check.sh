@@ -71,7 +71,8 @@ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHTILE_WITH_CUDA
   -DFLASHTILE_BUILD_APPS=OFF -DFLASHTILE_WERROR=OFF "${CMAKE_EXTRA[@]}" > "$OUT/build.log" 2>&1 \
   || { tail -30 "$OUT/build.log"; note "BUILD: cmake failed"; exit 1; }
 TARGETS=(flashtile_capi)
-if ninja -C "$BUILD" -t targets all 2>/dev/null | grep -q '^flashtile_gpu_tests:'; then TARGETS+=(flashtile_gpu_tests); fi
+# grep reads the whole list (grep -q stops at the match; under pipefail ninja's SIGPIPE then failed the test).
+if ninja -C "$BUILD" -t targets all 2>/dev/null | grep '^flashtile_gpu_tests:' > /dev/null; then TARGETS+=(flashtile_gpu_tests); fi
 ninja -C "$BUILD" -j "$JOBS" "${TARGETS[@]}" >> "$OUT/build.log" 2>&1 \
   || { grep -m20 -B2 -A5 "error" "$OUT/build.log"; note "BUILD: ninja failed"; exit 1; }
 TESTBIN=$BUILD/tests/gpu/flashtile_gpu_tests

@@ -20,7 +20,7 @@
 
 #include "common/mask.h"
 #include "common/params.h"
-#include "sm90/fwd_kernel.h"  // acc_rowcol, acc_as_a, wg_gemm
+#include "sm90/fwd_kernel.h"  // acc_rowcol, acc_as_a, wg_gemm, StagedTile
 #include "sm90/traits.h"
 
 namespace flashtile::cuda::sm90 {
@@ -113,36 +113,6 @@ CUTE_DEVICE void bulk_reduce_add(float* dst, const float* src, int bytes) {
                : "memory");
 }
 CUTE_DEVICE void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
-
-// A (kRows x kCols) tile of 16-bit values staged in shared memory on its way out: written as pairs of adjacent
-// columns from an accumulator, read back in 16-byte vectors and stored with 16 consecutive threads per 256-byte
-// row. From the accumulator directly, each quad wrote 16 bytes of a row, half a 32-byte sector per store (ncu:
-// dq_convert at 111 us against cuDNN's 53). The pitch is 16 bytes more than a row, so that the pairs of the
-// accumulator's eight rows per warp fall in 32 distinct banks.
-template <int kRows, int kCols>
-struct StagedTile {
-  static constexpr int kPitch = kCols + 8;
-  static constexpr int kElems = kRows * kPitch;
-  static_assert(kCols % 8 == 0);
-  template <class Element>
-  CUTE_DEVICE static void put(Element* s, int row, int col, float x0, float x1) {
-    cutlass::Array<Element, 2> x;
-    x[0] = Element(x0);
-    x[1] = Element(x1);
-    *reinterpret_cast<cutlass::Array<Element, 2>*>(s + row * kPitch + col) = x;
-  }
-  // Rows below `rows` and columns below `cols` (a multiple of 8: checks.cpp) to dst (16-byte aligned rows).
-  template <class Element>
-  CUTE_DEVICE static void store(const Element* s, Element* dst, std::int64_t row_stride, int rows, int cols,
-                                int tid, int threads) {
-    constexpr int kChunks = kCols / 8;
-    for (int c = tid; c < kRows * kChunks; c += threads) {
-      const int r = c / kChunks, col = (c % kChunks) * 8;
-      if (r < rows && col < cols)
-        *reinterpret_cast<uint4*>(dst + r * row_stride + col) = *reinterpret_cast<const uint4*>(s + r * kPitch + col);
-    }
-  }
-};
 
 // Named barriers of the dQ hand-over between the consumers (256 threads) and the dQ writer warp (32): the
 // consumers arrive on kDqFull once the step's dQ is in shared memory; the writer arrives on kDqEmpty once the

@@ -23,6 +23,7 @@
 #include "common/params.h"
 #include "common/scheduler.h"
 #include "common/softmax.h"
+#include "sm90/staged_tile.h"
 #include "sm90/traits.h"
 
 namespace flashtile::cuda::sm90 {
@@ -76,6 +77,9 @@ CUTE_DEVICE void wg_gemm(Mma& mma, A const& a, B const& b, C& c) {
   warpgroup_fence_operand(c);
   if constexpr (kRegA) warpgroup_fence_operand(const_cast<A&>(a));
 }
+
+// Named barriers 5 and 6: each consumer warpgroup's own, around its staged O rows (1 and 2 are the turns').
+constexpr int kOutBarrier = 5;
 
 // Ping-pong of the two consumer warpgroups (named barriers 1 and 2, 256 threads each): a warpgroup waits for
 // its turn before issuing its matrix products and hands the turn over right after issuing them, so one
@@ -339,8 +343,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     // Every product of this tile is done: Q's buffer may take the next tile's (its load overlaps this epilogue).
     cutlass::arch::ClusterBarrier::arrive(&ss.barrier_q_empty);
 
-    // Epilogue: normalise; LSE from the lanes that own each row; O as pairs of 16-bit values straight from the
-    // accumulator (each quad writes 16 contiguous bytes of a row).
+    // Epilogue: normalise; LSE from the lanes that own each row; O through shared memory where it fits (each
+    // warpgroup stages its 64 rows and stores them itself), else as pairs of 16-bit values from the accumulator.
+    // Not with score hooks: their kernel spilled 68 bytes staged, against 8.
     float lse[kRows];
     softmax.finalize(acc_o_rc, score_scale, lse);
     if (tidx % 4 == 0) {
@@ -350,19 +355,37 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
         if (row < sq) lse_bh[row * a.lse_stride.row] = lse[mi];
       }
     }
-    CUTE_UNROLL
-    for (int mi = 0; mi < size<0>(acc_o_rc); ++mi) {
-      const int row = m0 + get<0>(tOcO_rc(mi, 0));
-      if (row >= sq) continue;
-      Element* o_row = o_bh + row * a.out_stride.row;
+    if constexpr (Traits::kStageO && !kHooks) {
+      using Staged = typename Traits::StagedO;
+      const int wg = warpgroup - 1, r0 = wg * 64;
+      Element* s_o = ss.o + wg * Staged::kElems;
+      const int wg_barrier = kOutBarrier + wg;
+      cutlass::arch::NamedBarrier::sync(128, wg_barrier);  // the last tile's rows are out of the buffer
       CUTE_UNROLL
-      for (int ni = 0; ni < size<1>(acc_o_rc); ni += 2) {
-        const int col = get<1>(tOcO_rc(mi, ni));  // even; col + 1 is this thread's next value
-        if (col < hdim_v) {
-          cutlass::Array<Element, 2> pair;
-          pair[0] = Element(acc_o_rc(mi, ni));
-          pair[1] = Element(acc_o_rc(mi, ni + 1));
-          *reinterpret_cast<cutlass::Array<Element, 2>*>(o_row + col) = pair;
+      for (int mi = 0; mi < size<0>(acc_o_rc); ++mi) {
+        CUTE_UNROLL
+        for (int ni = 0; ni < size<1>(acc_o_rc); ni += 2)
+          Staged::put(s_o, get<0>(tOcO_rc(mi, ni)) - r0, get<1>(tOcO_rc(mi, ni)), acc_o_rc(mi, ni),
+                      acc_o_rc(mi, ni + 1));
+      }
+      cutlass::arch::NamedBarrier::sync(128, wg_barrier);
+      Staged::store(s_o, o_bh + (m0 + r0) * a.out_stride.row, a.out_stride.row, min(64, sq - m0 - r0), hdim_v,
+                    tidx % 128, 128);
+    } else {
+      CUTE_UNROLL
+      for (int mi = 0; mi < size<0>(acc_o_rc); ++mi) {
+        const int row = m0 + get<0>(tOcO_rc(mi, 0));
+        if (row >= sq) continue;
+        Element* o_row = o_bh + row * a.out_stride.row;
+        CUTE_UNROLL
+        for (int ni = 0; ni < size<1>(acc_o_rc); ni += 2) {
+          const int col = get<1>(tOcO_rc(mi, ni));  // even; col + 1 is this thread's next value
+          if (col < hdim_v) {
+            cutlass::Array<Element, 2> pair;
+            pair[0] = Element(acc_o_rc(mi, ni));
+            pair[1] = Element(acc_o_rc(mi, ni + 1));
+            *reinterpret_cast<cutlass::Array<Element, 2>*>(o_row + col) = pair;
+          }
         }
       }
     }

@@ -35,10 +35,16 @@ constexpr FwdTile fwd_tile(int hdim) {
   return {0, 0, 0, 0, nullptr};
 }
 
-// Shared memory of the forward: Q, the K and V rings, and the barriers (a bound; traits.h has the exact size).
-constexpr int fwd_smem_bytes(int hdim) {
+// Shared memory of the forward (a bound; traits.h has the exact size): Q, the K and V rings and the barriers, and
+// O's staging buffer (staged_tile.h: block_m rows of hdim + 8 elements) where it fits beside them.
+constexpr int fwd_core_smem_bytes(int hdim) {
   const FwdTile t = fwd_tile(hdim);
   return (t.block_m + 2 * t.stages * t.block_n) * hdim * 2 + 1024;
+}
+constexpr int fwd_staged_o_bytes(int hdim) { return fwd_tile(hdim).block_m * (hdim + 8) * 2; }
+constexpr bool fwd_stages_o(int hdim) { return fwd_core_smem_bytes(hdim) + fwd_staged_o_bytes(hdim) <= 227 * 1024; }
+constexpr int fwd_smem_bytes(int hdim) {
+  return fwd_core_smem_bytes(hdim) + (fwd_stages_o(hdim) ? fwd_staged_o_bytes(hdim) : 0);
 }
 
 static_assert(fwd_smem_bytes(256) <= 227 * 1024);

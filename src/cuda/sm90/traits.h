@@ -6,6 +6,7 @@
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cutlass/pipeline/pipeline.hpp>
 
+#include "sm90/staged_tile.h"
 #include "sm90/tile_table.h"
 
 namespace flashtile::cuda::sm90 {
@@ -64,10 +65,15 @@ struct FwdTraits {
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
 
+  // O's staging buffer, 64 rows per consumer warpgroup, where shared memory has room for it (tile_table.h).
+  using StagedO = StagedTile<64, kHeadDim>;
+  static constexpr bool kStageO = fwd_stages_o(kHeadDim);
+
   struct SharedStorage {
     alignas(1024) Element q[cosize_v<SmemLayoutQ>];
     alignas(1024) Element k[cosize_v<SmemLayoutKV>];
     alignas(1024) Element v[cosize_v<SmemLayoutKV>];
+    alignas(16) Element o[kStageO ? kConsumerWarpgroups * StagedO::kElems : 8];
     alignas(16) uint64_t barrier_q;
     alignas(8) uint64_t barrier_q_empty;  // the consumers' arrivals once a tile's products no longer read Q
     typename Pipeline::SharedStorage pipeline_k;
