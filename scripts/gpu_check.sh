@@ -22,6 +22,8 @@
 #   FT_PROFILE_ARGS, FT_PROFILE_KERNELS   the profile step's shape (bench/gpu_profile.py) and ncu's kernel regex
 #   FT_BENCH_ARGS=""       extra arguments for bench/gpu_bench.py (e.g. "--hdims 128 --seqlens 1024,8192")
 #   CUTLASS_DIR            CuTe headers (default: .carry/cutlass/include if present, else the pip package)
+#   FT_COMMIT              the commit the copy was made from, for the decode table (the GPU machine's copy may
+#                          carry stale git metadata: give it from here, e.g. FT_COMMIT=2c14bac)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
