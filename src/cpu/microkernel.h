@@ -49,29 +49,27 @@ inline void block_rows(int rows, int k, const float* a, int lda, const float* b,
   }
 }
 
+// Column blocks outer, row blocks inner: a block's B slice (k x NV vectors: 8 KiB of Kᵀ at D = 128) stays in L1
+// while every row block passes over it, and only A's rows stream from L2; rows outer re-read all of B from L2
+// for each row block (Kᵀ 32 KiB, V 32 KiB: the size of L1 on its own).
 template <bool kTransA>
 inline void gemm(int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c, int ldc,
                  bool accumulate) {
-  for (int i0 = 0; i0 < m; i0 += kMR) {
-    const int rows = m - i0 < kMR ? m - i0 : kMR;
-    const float* ai = kTransA ? a + i0 : a + static_cast<std::int64_t>(i0) * lda;
-    float* ci = c + static_cast<std::int64_t>(i0) * ldc;
-    int j0 = 0;
-    for (; j0 + kNV * W <= n; j0 += kNV * W) {
+  auto rows_over = [&]<int NV>(int j0) {
+    for (int i0 = 0; i0 < m; i0 += kMR) {
+      const int rows = m - i0 < kMR ? m - i0 : kMR;
+      const float* ai = kTransA ? a + i0 : a + static_cast<std::int64_t>(i0) * lda;
+      float* ci = c + static_cast<std::int64_t>(i0) * ldc + j0;
       if (rows == kMR) {
-        block<kTransA, kMR, kNV>(k, ai, lda, b + j0, ldb, ci + j0, ldc, accumulate);
+        block<kTransA, kMR, NV>(k, ai, lda, b + j0, ldb, ci, ldc, accumulate);
       } else {
-        block_rows<kTransA, kNV>(rows, k, ai, lda, b + j0, ldb, ci + j0, ldc, accumulate);
+        block_rows<kTransA, NV>(rows, k, ai, lda, b + j0, ldb, ci, ldc, accumulate);
       }
     }
-    for (; j0 < n; j0 += W) {
-      if (rows == kMR) {
-        block<kTransA, kMR, 1>(k, ai, lda, b + j0, ldb, ci + j0, ldc, accumulate);
-      } else {
-        block_rows<kTransA, 1>(rows, k, ai, lda, b + j0, ldb, ci + j0, ldc, accumulate);
-      }
-    }
-  }
+  };
+  int j0 = 0;
+  for (; j0 + kNV * W <= n; j0 += kNV * W) rows_over.template operator()<kNV>(j0);
+  for (; j0 < n; j0 += W) rows_over.template operator()<1>(j0);
 }
 
 FT_ISA_END
