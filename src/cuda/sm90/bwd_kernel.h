@@ -20,7 +20,8 @@
 
 #include "common/mask.h"
 #include "common/params.h"
-#include "sm90/fwd_kernel.h"  // acc_rowcol, acc_as_a, wg_gemm, StagedTile
+#include "sm90/fwd_kernel.h"  // acc_rowcol, acc_as_a, wg_gemm
+#include "sm90/staged_tile.h"
 #include "sm90/traits.h"
 
 namespace flashtile::cuda::sm90 {
