@@ -1,6 +1,6 @@
 // The CUDA backend "cuda-sm90": the Hopper forward and backward (warp-specialised TMA producer, wgmma consumer
 // warpgroups; src/cuda/sm90/) for GPUs of compute capability 9.0 (H100, H200). Registered before cuda-sm80,
-// so auto picks it where it can run; what it refuses (a backward head dim outside 64 and 128, strides TMA
+// so auto picks it where it can run; what it refuses (a backward head dim outside 64, 96 and 128, strides TMA
 // cannot take, an unbuilt kernel, the KV cache) runs on cuda-sm80 with the reason in the dispatch report.
 #include <cuda_runtime_api.h>
 
@@ -59,9 +59,9 @@ class CudaSm90 final : public Backend {
                     gpu->name + " is not 9.0 (the kernels are sm_90a code: wgmma, setmaxnreg, TMA)");
     if (p.is_backward()) {
       const int b = bucket_of(p);
-      if (b != 64 && b != 128)
+      if (!sm90::has_bwd(b))
         why.push_back("backward: head-dim bucket " + std::to_string(b) + " is not in " + kName +
-                      "'s backward yet (64 and 128)");
+                      "'s backward yet (64, 96 and 128)");
       else if (p.dtype != DType::float32 && !cuda::sm90_bwd_kernel_built(cuda::elem_of(p.dtype), b))
         why.push_back(std::string("backward kernel not built in this build: ") +
                       cuda::elem_name(cuda::elem_of(p.dtype)) + " hdim " + std::to_string(b));

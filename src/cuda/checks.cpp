@@ -6,6 +6,7 @@
 #include <climits>
 #include <cstdint>
 #include <sstream>
+#include <string_view>
 
 #include "flashtile/errors.h"
 
@@ -66,12 +67,8 @@ void check_alignment(const AttnParams& p, Reasons& why) {
   }
 }
 
-// The variants (issue 12) the kernels run, and what they refuse. The KV-cache call (issue 14) runs on cuda-sm80's
-// decode kernels (src/cuda/decode/), which also run on Hopper; cuda-sm90 has none of its own yet.
-void check_variants(const AttnParams& p, const char* backend, Reasons& why) {
-  if (p.kvcache && std::string(backend) != "cuda-sm80")
-    why.push_back(std::string("KV cache (forward_kvcache): not built on ") + backend +
-                  " yet; cuda-sm80's decode kernels run it on this GPU (issue 14)");
+// The variants (issue 12) the kernels run, and what they refuse.
+void check_variants(const AttnParams& p, Reasons& why) {
   if (p.is_backward() && p.sinks != nullptr && p.dsinks == nullptr)
     why.push_back("sinks: a backward with sinks needs dsinks (dL/dsinks)");
   if (p.is_varlen() && (p.total_q > INT_MAX || p.total_k > INT_MAX))
@@ -99,6 +96,14 @@ const Gpu* check_common(const AttnParams& p, const char* backend, Reasons& why) 
                   std::to_string(g.list.size()) + " devices)");
     return nullptr;
   }
+  // The KV-cache call (issue 14) runs on cuda-sm80's decode kernels (src/cuda/decode/), which also run on Hopper;
+  // cuda-sm90 has none of its own yet. Refused here, before the pointer queries (a cudaPointerGetAttributes per
+  // tensor), which cuda-sm80's check then makes: a decode call paid them twice.
+  if (p.kvcache && std::string_view(backend) != "cuda-sm80") {
+    why.push_back(std::string("KV cache (forward_kvcache): not built on ") + backend +
+                  " yet; cuda-sm80's decode kernels run it on this GPU (issue 14)");
+    return nullptr;
+  }
   if (!p.device_pointers_checked) cuda::check_device_pointers(p, why);
   if (p.dtype == DType::float32)
     why.push_back("dtype float32 is not supported (float16 and bfloat16 only; cpu-flash runs float32)");
@@ -115,7 +120,7 @@ const Gpu* check_common(const AttnParams& p, const char* backend, Reasons& why) 
                   " (dK = dV = 0): not supported by the CUDA kernels");
   if (p.seqlen_q > INT_MAX / 2 || p.seqlen_k > INT_MAX / 2 || p.batch > 65535 || p.heads_q > 65535)
     why.push_back("sizes: seqlen must be < 2^30 and batch, heads <= 65535 (grid limits)");
-  check_variants(p, backend, why);
+  check_variants(p, why);
   check_alignment(p, why);
   return gpu;
 }

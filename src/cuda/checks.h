@@ -10,7 +10,8 @@
 namespace flashtile::cuda {
 
 // Appends a reason per failed check. Returns the call's device, or null when there is none to run on (the
-// tensors are not on a CUDA device, or it does not exist), after which nothing else was checked.
+// tensors are not on a CUDA device, or it does not exist) or the backend refuses the kind of call outright (a
+// KV-cache call off cuda-sm80), after which nothing else was checked.
 const Gpu* check_common(const detail::AttnParams& p, const char* backend, detail::Reasons& why);
 
 // The backward's workspace (common/params.h, BwdParams): dq_accum [slots, bucket] fp32, dsum and lse_log2

@@ -35,7 +35,7 @@ struct BwdTraits {
   static constexpr int kStages = 2;
   static constexpr int kMmaThreads = 256;
   static constexpr int kThreads = kMmaThreads + 128;
-  static_assert(kHeadDim % 64 == 0, "first cut: head dims that are multiples of 64");
+  static_assert(kHeadDim % 32 == 0, "head dims that are multiples of 32 (tile_table.h: kBwdHdims)");
 
   using AtomRows = Layout<Shape<_2, _1, _1>>;  // the two consumers split the keys (accumulator rows)
   // S^T = K Q^T and dP^T = V dO^T: (keys, queries, hdim).
@@ -46,9 +46,12 @@ struct BwdTraits {
       GMMA::rs_op_selector<Element, Element, float, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kBlockM>>, GMMA::Major::K,
                            GMMA::Major::MN>(),
       AtomRows{}));
-  // dQ = dS K: (queries, hdim, keys); the consumers split the head dim.
+  // dQ = dS K: (queries, hdim, keys); the consumers split the head dim. K^T is MN-major, and CuTe takes an
+  // MN-major B only in whole swizzle atoms: hdim/2 columns per consumer where that is a multiple of 32 (hdim 64,
+  // 128), else atoms of 16 columns interleaved between the two consumers (hdim 96: 3 x 16 each).
+  static constexpr int kDqAtomN = (kHeadDim / 2) % 32 == 0 ? kHeadDim / 2 : 16;
   using TiledMmadQ = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<kHeadDim / 2>, Int<kBlockN>>,
+      GMMA::ss_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<kDqAtomN>, Int<kBlockN>>,
                            GMMA::Major::K, GMMA::Major::MN>(),
       Layout<Shape<_1, _2, _1>>{}));
 

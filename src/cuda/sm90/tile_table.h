@@ -22,6 +22,16 @@ inline constexpr FwdTile kFwdTiles[] = {
 
 inline constexpr int kHdimBuckets[] = {64, 96, 128, 192, 256};
 
+// The buckets the sm90 backward is built for (scripts/generate_cuda_instances.py: SM90_BWD_HDIMS): BwdTraits keeps
+// K, V, dK and dV of 128 keys on chip, which holds at hdim <= 128; 192 and 256 run on cuda-sm80.
+inline constexpr int kBwdHdims[] = {64, 96, 128};
+
+constexpr bool has_bwd(int bucket) {
+  for (int b : kBwdHdims)
+    if (b == bucket) return true;
+  return false;
+}
+
 // The smallest bucket that holds d (d <= 256), or 0.
 constexpr int hdim_bucket(int d) {
   for (int b : kHdimBuckets)
