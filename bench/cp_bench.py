@@ -10,8 +10,8 @@ zigzag layout and full attention, forward and forward+backward. Per cell (CUDA e
 each rep started together on every rank after a barrier, the slowest rank's median taken):
   * ring      flashtile.distributed.ring_flash_attn_func(strategy="ring") on world x tokens;
   * compute   the same ring with the transfers replaced by re-using the local K/V (same shapes, same kernels);
-  * comm      the ring's transfers alone (forward: world-1 K/V hops; backward: as many K/V hops plus world dK/dV
-              hops in float32);
+  * comm      the ring's transfers alone (forward: world-1 K/V hops; backward: world-2 K/V hops and world-1
+              dK/dV hops in float32, toward the previous rank: ring.backward's order);
   * a2a       strategy="all_to_all" (Ulysses), when the heads divide by the world size;
   * peer      the same ring code with each block's attention and backward done by torch's cuDNN attention ops
               (aten._scaled_dot_product_cudnn_attention and its backward, which return and take the log-sum-exp),
@@ -128,7 +128,7 @@ def kernels(fwd, bwd):
 def no_transfers():
     """Every 'received' block is the one sent (equal shards: same shapes): the ring's compute alone."""
     saved = _ring.Ring.exchange
-    _ring.Ring.exchange = lambda self, send, rows, tags, like: (list(like), [])
+    _ring.Ring.exchange = lambda self, send, rows, tags, like, back=False: (list(like), [])
     try:
         yield
     finally:
@@ -210,14 +210,14 @@ def comm_only(ring, k, v, mode, timer):
         for _ in range(ring.world - 1):
             kv, reqs = ring.exchange(list(kv), k.shape[1], (_ring._TAG_K, _ring._TAG_V), list(kv))
             _ring._wait(reqs)
-        if mode == "fwd_bwd":
+        if mode == "fwd_bwd":  # the backward: world-2 K/V hops and world-1 dK/dV hops (float32), toward rank r-1
             kv = (k, v)
-            for _ in range(ring.world - 1):
-                kv, reqs = ring.exchange(list(kv), k.shape[1], (_ring._TAG_K, _ring._TAG_V), list(kv))
+            for _ in range(ring.world - 2):
+                kv, reqs = ring.exchange(list(kv), k.shape[1], (_ring._TAG_K, _ring._TAG_V), list(kv), back=True)
                 _ring._wait(reqs)
             acc = [torch.zeros(k.shape, dtype=torch.float32, device=k.device) for _ in range(2)]
-            for _ in range(ring.world):
-                acc, reqs = ring.exchange(acc, k.shape[1], (_ring._TAG_DK, _ring._TAG_DV), acc)
+            for _ in range(ring.world - 1):
+                acc, reqs = ring.exchange(acc, k.shape[1], (_ring._TAG_DK, _ring._TAG_DV), acc, back=True)
                 _ring._wait(reqs)
     return run
 

@@ -67,6 +67,10 @@ if ! ls /usr/lib/x86_64-linux-gnu/libgtest.a /usr/lib/libgtest.a /usr/local/lib/
 fi
 
 # --- build -------------------------------------------------------------------------------------------------
+# The C++ build (library, C ABI, GPU tests) is skipped when only the Python package's steps run (e.g. "cp cpbench").
+NEEDS_CPP=0
+for s in tests parity sanitize bench profile breakdown decode pipes; do has_step $s && NEEDS_CPP=1; done
+if (( NEEDS_CPP )); then
 t0=$(date +%s)
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHTILE_WITH_CUDA=ON \
   -DFLASHTILE_CUDA_ARCHS="$ARCHS" -DFLASHTILE_CUDA_PTX=OFF -DFLASHTILE_CUDA_KERNELS="$KERNELS" \
@@ -88,6 +92,7 @@ if [[ ! -x $TESTBIN ]]; then  # tests/CMakeLists.txt without add_subdirectory(gp
 fi
 grep -h "spill" "$OUT/build.log" | sed "s/.*function //" | sort -u > "$BUILD/spills.txt"
 note "BUILD: ok in $(( $(date +%s) - t0 )) s ($(grep -c 'Building CUDA' "$OUT/build.log") CUDA objects); spilling kernels: $(wc -l < "$BUILD/spills.txt")"; sed "s/^/  spill: /" "$BUILD/spills.txt" | tee -a "$SUMMARY"
+fi
 
 PY=${FT_PYTHON:-auto}
 if [[ $PY == auto ]]; then PY=$([[ -d python && -f pyproject.toml ]] && echo 1 || echo 0); fi

@@ -40,8 +40,9 @@ class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, ring, scale, softcap):
         k, v = k.contiguous(), v.contiguous()  # they are sent as they are
-        out, lse, calls = _ring.forward(ring, q, k, v, scale, softcap)
-        ctx.save_for_backward(q, k, v, out, lse)
+        out, lse, calls, kv_last = _ring.forward(ring, q, k, v, scale, softcap)
+        # The backward starts on the block the forward ended with (ring.world > 1): one K/V block more kept.
+        ctx.save_for_backward(q, k, v, out, lse, *(kv_last if ring.world > 1 else ()))
         ctx.ring, ctx.scale, ctx.softcap = ring, scale, softcap
         ctx.mark_non_differentiable(lse)  # as flashtile.flash_attn_func: the backward takes no lse gradient
         ctx.set_materialize_grads(False)
@@ -53,8 +54,9 @@ class _RingAttention(torch.autograd.Function):
         if dout is None:
             # Every rank must still take part in the ring: another rank's loss may use its out.
             dout = torch.zeros_like(ctx.saved_tensors[3])
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _ring.backward(ctx.ring, q, k, v, out, dout.contiguous(), lse, ctx.scale, ctx.softcap)
+        q, k, v, out, lse, *kv_first = ctx.saved_tensors
+        dq, dk, dv = _ring.backward(ctx.ring, q, k, v, tuple(kv_first), out, dout.contiguous(), lse, ctx.scale,
+                                    ctx.softcap)
         return dq, dk, dv, None, None, None
 
 

@@ -1,8 +1,13 @@
 """Ring attention: the key/value blocks travel around the ranks (rank r sends to r+1 and receives from r−1) while
 each rank attends its local queries to the block in hand; partial (out, lse) are merged in float32 with the one merge
 rule (flashtile.merge_attention_states). The backward recomputes each step from the FINAL out and lse (so the
-per-step dq, dk, dv of the library's backward add up to the exact gradients) and dK/dV travel around the ring with
-their blocks, accumulating in float32, until they reach the block's owner.
+per-step dq, dk, dv of the library's backward add up to the exact gradients).
+
+The backward visits the blocks in the other direction and ends on the local one: it starts on the block the
+forward received last (rank r+1's, kept from the forward), K/V then travel from r+1 to r, and each block's dK/dV
+accumulator (float32) travels with them, so that it reaches the block's owner before the owner's own step. The
+owner adds its part last: no transfer is left after the final step (ring-flash-attention's order ends with a hop
+of every dK/dV, float32, with nothing to hide it under), and a world of w ranks needs w−2 K/V hops, not w−1.
 
 Point-to-point transfers are posted with torch.distributed.batch_isend_irecv before the step's attention and waited
 for after it. With NCCL they run on the process group's own communication stream, ordered after the work already
@@ -37,24 +42,31 @@ class Ring:
         g = group if group is not None else dist.group.WORLD
         self.next = dist.get_global_rank(g, (rank + 1) % world)
         self.prev = dist.get_global_rank(g, (rank - 1) % world)
-        # steps[t]: (source rank of the K/V block in hand, its blocks); t = 0 is the local block.
+        # steps[t]: (source rank of the K/V block in hand, its blocks) in the forward's order; t = 0 is the local
+        # block. The backward takes them in the order back_order().
         self.steps = []
         for t in range(world):
             src = (rank - t) % world
             self.steps.append((src, step_blocks(segs[rank], segs[src], lo, hi, src == rank)))
 
-    def exchange(self, send: List[torch.Tensor], recv_rows: int, tags, like: List[torch.Tensor]):
+    def back_order(self):
+        """The backward's steps: the blocks of ranks r+1, r+2, ..., r−1 and then r's own."""
+        return [((self.rank + 1 + s) % self.world, self.steps[(-1 - s) % self.world][1]) for s in range(self.world)]
+
+    def exchange(self, send: List[torch.Tensor], recv_rows: int, tags, like: List[torch.Tensor], back=False):
         """Posts sends of `send` to the next rank and receives of tensors shaped like `like` with recv_rows rows
-        from the previous one; returns (received tensors, requests)."""
+        from the previous one (back=True: sends to the previous rank, receives from the next); returns (received
+        tensors, requests)."""
+        to, frm = (self.prev, self.next) if back else (self.next, self.prev)
         recv = [torch.empty((x.shape[0], recv_rows) + tuple(x.shape[2:]), dtype=x.dtype, device=x.device)
                 for x in like]
         ops = []
         for x, tag in zip(send, tags):
             if x.numel():
-                ops.append(dist.P2POp(dist.isend, x, self.next, self.group, tag))
+                ops.append(dist.P2POp(dist.isend, x, to, self.group, tag))
         for x, tag in zip(recv, tags):
             if x.numel():
-                ops.append(dist.P2POp(dist.irecv, x, self.prev, self.group, tag))
+                ops.append(dist.P2POp(dist.irecv, x, frm, self.group, tag))
         return recv, (dist.batch_isend_irecv(ops) if ops else [])
 
 
@@ -72,8 +84,8 @@ def _window(blk: Block):
 
 
 def forward(ring: Ring, q, k, v, scale, softcap):
-    """out (q's dtype) and lse (B, Hq, S) float32 over the whole sequence, for the local queries; and the number
-    of library calls made."""
+    """out (q's dtype) and lse (B, Hq, S) float32 over the whole sequence, for the local queries; the number of
+    library calls made; and the K/V block in hand at the end (rank r+1's, where the backward starts)."""
     b, s, hq, _ = q.shape
     out = torch.zeros((b, s, hq, v.shape[-1]), dtype=torch.float32, device=q.device)
     lse = torch.full((b, hq, s), -float("inf"), dtype=torch.float32, device=q.device)
@@ -96,20 +108,25 @@ def forward(ring: Ring, q, k, v, scale, softcap):
         if reqs:
             _wait(reqs)
             kv = tuple(nxt)
-    return out.to(q.dtype), lse, calls
+    return out.to(q.dtype), lse, calls, kv
 
 
-def backward(ring: Ring, q, k, v, out, dout, lse, scale, softcap):
-    """(dq, dk, dv) of the local shards. dk, dv of the block in hand accumulate in float32 buffers that follow
-    the block around the ring; after `world` hops each buffer is back at its owner."""
+def backward(ring: Ring, q, k, v, kv_first, out, dout, lse, scale, softcap):
+    """(dq, dk, dv) of the local shards, in the order of Ring.back_order(); kv_first is rank r+1's block (the
+    forward's last). Each step's dK/dV, plus what the ranks before added, goes to the previous rank with the
+    block, while that rank's next step computes."""
+    world = ring.world
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    kv = (k, v)
-    acc_reqs, acc = [], None              # the dK/dV buffer of this step's block, arriving from the previous rank
+    kv = kv_first if world > 1 else (k, v)
+    acc_reqs, acc = [], None              # the dK/dV of this step's block so far, arriving from the next rank
     sent = None                           # kept alive until its send completes
-    for t, (src, blocks) in enumerate(ring.steps):
+    for s, (src, blocks) in enumerate(ring.back_order()):
+        if s == world - 1:
+            kv = (k, v)
         kv_reqs = []
-        if t + 1 < ring.world:
-            nxt, kv_reqs = ring.exchange(list(kv), ring.rows[(src - 1) % ring.world], (_TAG_K, _TAG_V), list(kv))
+        if s + 2 < world:                 # the next step's block is remote: it comes from the next rank now
+            nxt, kv_reqs = ring.exchange(list(kv), ring.rows[(src + 1) % world], (_TAG_K, _TAG_V), list(kv),
+                                         back=True)
         dk = torch.zeros(kv[0].shape, dtype=torch.float32, device=q.device)
         dv = torch.zeros(kv[1].shape, dtype=torch.float32, device=q.device)
         for blk in blocks:
@@ -120,19 +137,16 @@ def backward(ring: Ring, q, k, v, out, dout, lse, scale, softcap):
             dq[:, qr] += g[0]
             dk[:, kr] += g[1]
             dv[:, kr] += g[2]
-        if t > 0:                          # add what the ranks before this one contributed to this block
+        if s > 0:                          # what the ranks after this one contributed to this block
             _wait(acc_reqs)
             dk += acc[0]
             dv += acc[1]
-        if ring.world > 1:                 # pass the block's dK/dV on; receive the next block's
+        if s + 1 < world:                  # pass the block's dK/dV on; receive the next step's
             sent = (dk, dv)
-            acc, acc_reqs = ring.exchange([dk, dv], ring.rows[(src - 1) % ring.world], (_TAG_DK, _TAG_DV),
-                                          [dk, dv])
-        else:
-            acc = (dk, dv)
+            acc, acc_reqs = ring.exchange([dk, dv], ring.rows[(src + 1) % world], (_TAG_DK, _TAG_DV), [dk, dv],
+                                          back=True)
         if kv_reqs:
             _wait(kv_reqs)
             kv = tuple(nxt)
-    _wait(acc_reqs)                        # after `world` hops: this rank's own block, complete
     del sent
-    return dq.to(q.dtype), acc[0].to(k.dtype), acc[1].to(v.dtype)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
