@@ -11,9 +11,10 @@
 #   FT_PYTHON=auto         build + pip install the Python package (auto: when python/ and pyproject.toml exist)
 #   FT_PY_KERNELS          the package's kernel subset (default: FT_KERNELS); step `pytest` runs tests/python
 #   FT_STEPS="tests parity sanitize bench"   which steps to run (also: pytest, variants, profile, breakdown, cpu,
-#                          decode, pipes, cp, cpbench)
+#                          decode, pipes, cp, cpbench, cptrace)
 #                          decode: bench/gpu_decode.py (the KV-cache cells against torch; FT_DECODE_ARGS)
 #                          cp, cpbench: tests/gpu/cp_check.py, bench/cp_bench.py (FT_CP_ARGS) under torchrun on two GPUs
+#                          cptrace: bench/cp_trace.py (FT_CPTRACE_ARGS), the ring's kernels with and without transfers
 #                          pipes: bench/ncu_pipes.py (tensor-pipe and issue-slot use beside cuDNN; FT_PIPES_ARGS)
 #                          variants: bench/gpu_variants.py (FT_VARIANTS_ARGS) after the package is installed
 #                          cpu: scripts/cpu_remote.sh run (CPU tests per ISA + CPU benchmark, from binaries
@@ -225,6 +226,13 @@ if has_step cp && cp_ready; then
     > "$OUT/cp_check.log" 2>&1
   note "CP CHECK: rc=$? $(grep -h '^CP CHECK' "$OUT/cp_check.log") ($(( $(date +%s) - t0 )) s)"
   grep -h '^FAIL' "$OUT/cp_check.log" | cut -c1-200 | head -20 | tee -a "$SUMMARY"
+fi
+if has_step cptrace && cp_ready; then  # the ring's kernels with and without transfers (torch.profiler)
+  t0=$(date +%s)
+  (cd /tmp && timeout ${FT_CPTRACE_TIMEOUT:-200} torchrun --nproc-per-node 2 "$ROOT/bench/cp_trace.py" \
+    ${FT_CPTRACE_ARGS:---tokens 65536} --out "$OUT/cp_trace.md") > "$OUT/cp_trace.log" 2>&1
+  note "CP TRACE: rc=$? ($(( $(date +%s) - t0 )) s)"
+  [[ -f $OUT/cp_trace.md ]] && grep '^| ' "$OUT/cp_trace.md" | tee -a "$SUMMARY" > /dev/null
 fi
 if has_step cpbench && cp_ready; then
   t0=$(date +%s)
