@@ -3,6 +3,7 @@
 transfers (cp_bench.py's "compute"), from torch.profiler's CUDA activity (CUPTI), on every rank.
 
     torchrun --nproc-per-node 2 bench/cp_trace.py --tokens 65536 --out OUT/cp_trace.md
+    python3 bench/cp_trace.py --plot OUT/cp_trace.md        (draws the table: OUT/cp_trace.png)
 
 Per cell and rank: the attention kernels' summed time (FlashTile's fwd/bwd kernels and their helpers), the NCCL
 kernels' time, the part of the NCCL time during which an attention kernel ran, and the call's span (first kernel
@@ -82,14 +83,46 @@ def trace(fn, reps):
     return {k: (v / reps if k.endswith("_ms") or k.endswith("_n") else v) for k, v in s.items()}
 
 
+def plot(md):
+    """Per cell and rank: how much longer the ring's attention kernels ran than without transfers, beside the NCCL
+    kernels' time and the ring's span minus the compute span."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in open(md)
+            if line.startswith("| ") and not line.startswith("| tokens")]
+    labels = [f"{int(r[0]) // 1024}k {'causal' if r[1] == 'True' else 'full'} {r[2]} r{r[3]}" for r in rows]
+    slower = [float(r[8]) for r in rows]
+    nccl = [float(r[9]) for r in rows]
+    exposed = [float(r[4]) - float(r[5]) for r in rows]
+    x = range(len(rows))
+    fig, ax = plt.subplots(figsize=(12, 4.5))
+    w = 0.27
+    ax.bar([i - w for i in x], exposed, w, label="ring span - compute span")
+    ax.bar(list(x), slower, w, label="attention kernels slower by")
+    ax.bar([i + w for i in x], nccl, w, label="NCCL kernels (transfer time)")
+    ax.set_xticks(list(x), labels, rotation=60, ha="right", fontsize=8)
+    ax.set_ylabel("ms per call")
+    ax.axhline(0, color="black", linewidth=0.5)
+    ax.legend()
+    ax.set_title("Ring on 2 GPUs: exposed time against the attention kernels' slowdown (torch.profiler)")
+    fig.tight_layout()
+    out = md[:-3] + ".png" if md.endswith(".md") else md + ".png"
+    fig.savefig(out, dpi=110)
+    print("wrote", out)
+
+
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--plot", help="draw a table this script wrote and exit")
     ap.add_argument("--tokens", default="65536")
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--hdim", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default="cp_trace.md")
     a = ap.parse_args()
+    if a.plot:
+        return plot(a.plot)
     dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=300))
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
