@@ -96,11 +96,12 @@ class CudaSm90 final : public Backend {
     std::ostringstream d;
     if (!p.is_backward()) {
       const sm90::FwdTile t = sm90::fwd_tile(bucket);
-      k.block_q = t.block_m;
+      const int consumers = sm90::fwd_block_m(bucket, kind == Kind::hooks) / 64;
+      k.block_q = consumers * 64;
       k.block_k = t.block_n;
-      k.threads = (t.block_m / 64 + 1) * 128;
-      d << "hdim_bucket=" << bucket << " warpgroups=1 producer (TMA) + " << t.block_m / 64
-        << " consumers (wgmma, 64 rows each) registers=24/240 stages=" << t.stages
+      k.threads = (consumers + 1) * 128;
+      d << "hdim_bucket=" << bucket << " warpgroups=1 producer (TMA) + " << consumers
+        << " consumers (wgmma, 64 rows each) registers=" << sm90::kProducerRegs << "/" << sm90::consumer_regs(consumers) << " stages=" << t.stages
         << " (K and V rings, mbarrier pipeline) scheduler=persistent, one CTA per SM, static snake waves, "
         << (kind == Kind::plain ? "blocks fastest" : "longest first")
         << " smem<=" << sm90::fwd_smem_bytes(bucket) << "B";

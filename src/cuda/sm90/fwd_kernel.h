@@ -9,8 +9,8 @@
 // key tile j (S = Q K^T with both operands in shared memory, O += P V with P from registers):
 //   wait K_j | [turn] issue S_j = Q K_j^T, rescale O, issue O += P_{j-1} V_{j-1} [pass turn] | S_j done:
 //   release K_j | hook, mask, online softmax of S_j | P V done: release V_{j-1} | P_j to 16 bits
-// The turns (TurnTaking) alternate the two consumer warpgroups' matrix products, so one's softmax hides
-// under the other's products.
+// The turns (TurnTaking) cycle the consumer warpgroups' matrix products, so one's softmax hides
+// under the others' products.
 // The key tiles are those of core/mask.h's policy, visited from the last down to the first as in the sm80
 // kernel, so the tiles that need element masking (key tail, diagonal) come first and the window's left edge
 // last; every other tile runs without masking code.
@@ -78,29 +78,33 @@ CUTE_DEVICE void wg_gemm(Mma& mma, A const& a, B const& b, C& c) {
   if constexpr (kRegA) warpgroup_fence_operand(const_cast<A&>(a));
 }
 
-// Named barriers 5 and 6: each consumer warpgroup's own, around its staged O rows (1 and 2 are the turns').
+// Named barriers 5.. (one per consumer warpgroup): each warpgroup's own, around its staged O rows (1.. are the
+// turns').
 constexpr int kOutBarrier = 5;
 
-// Ping-pong of the two consumer warpgroups (named barriers 1 and 2, 256 threads each): a warpgroup waits for
-// its turn before issuing its matrix products and hands the turn over right after issuing them, so one
-// warpgroup's softmax runs while the other's products occupy the tensor cores. Every sync of one warpgroup is
-// matched by one arrive of the other (the first turn is given by the second warpgroup at the start, and the
-// first warpgroup takes the last turn at the end), so no arrival is left pending at exit.
+// Turns of the consumer warpgroups (named barrier 1 + i is warpgroup i's, 256 threads: its own 128 and the 128 of
+// the warpgroup before it in the cycle 0, 1, .., n-1, 0): a warpgroup waits for its turn before issuing its matrix
+// products and hands the turn to the next right after issuing them, so the others' softmax runs while its products
+// occupy the tensor cores. Every sync of a warpgroup is matched by one arrive of the one before it: the last
+// warpgroup gives the first its first turn at the start, and the first takes one more turn at the end, so no
+// arrival is left pending at exit. A warpgroup cannot arrive twice on its successor's barrier before that one
+// synced: to pass again it must get the turn back, which goes through the successor.
 template <int kConsumers>
 struct TurnTaking {
-  int self = 0;  // this consumer warpgroup, 0 or 1
+  static_assert(kConsumers >= 1 && kConsumers + 1 < kOutBarrier);
+  int self = 0;  // this consumer warpgroup, 0 .. kConsumers - 1
   CUTE_DEVICE void start() const {
-    if constexpr (kConsumers == 2)
-      if (self == 1) cutlass::arch::NamedBarrier::arrive(256, 1);
+    if constexpr (kConsumers > 1)
+      if (self == kConsumers - 1) cutlass::arch::NamedBarrier::arrive(256, 1);
   }
   CUTE_DEVICE void wait_turn() const {
-    if constexpr (kConsumers == 2) cutlass::arch::NamedBarrier::sync(256, 1 + self);
+    if constexpr (kConsumers > 1) cutlass::arch::NamedBarrier::sync(256, 1 + self);
   }
   CUTE_DEVICE void pass_turn() const {
-    if constexpr (kConsumers == 2) cutlass::arch::NamedBarrier::arrive(256, 2 - self);
+    if constexpr (kConsumers > 1) cutlass::arch::NamedBarrier::arrive(256, 1 + (self + 1) % kConsumers);
   }
   CUTE_DEVICE void finish() const {
-    if constexpr (kConsumers == 2)
+    if constexpr (kConsumers > 1)
       if (self == 0) cutlass::arch::NamedBarrier::sync(256, 1);
   }
 };
@@ -175,7 +179,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
 
   if (warpgroup == 0) {
     // Producer. 24 registers are enough for address arithmetic; the consumers get the rest.
-    cutlass::arch::warpgroup_reg_dealloc<24>();
+    cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
     if (warp == 0 && lane_leader) {
       // Per tile: its first K/V tile into the ring (a stage frees as soon as the consumers release one of the last
       // tile's), then Q once the consumers are done with the last tile's (barrier_q_empty), then the other keys.
@@ -220,7 +224,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   }
 
   // Consumers.
-  cutlass::arch::warpgroup_reg_alloc<240>();
+  cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
   const int tidx = threadIdx.x - 128;
   typename Traits::TiledMmaQK mma_qk;
   typename Traits::TiledMmaPV mma_pv;

@@ -30,7 +30,7 @@ auto gmem_view(const void* ptr, const detail::Strides& s, const detail::AttnPara
 
 template <class Element, int kHeadDim, class V>
 cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
-  using Traits = FwdTraits<Element, kHeadDim>;
+  using Traits = FwdTraits<Element, kHeadDim, V::kHooks>;
   const detail::AttnParams& a = p.a;
   KernelParams<Traits> kp;
   kp.f = p;

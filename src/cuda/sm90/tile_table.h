@@ -13,7 +13,7 @@ struct FwdTile {
 };
 
 inline constexpr FwdTile kFwdTiles[] = {
-    {64, 128, 128, 2, "2 consumer warpgroups; O 32 + S 64 regs; Q 16 KB + K/V 2 x 2 x 16 KB"},
+    {64, 192, 128, 2, "3 consumer warpgroups of 160 regs (O 32 + S 64); Q 24 KB + K/V 2 x 2 x 16 KB"},
     {96, 128, 128, 2, "O 48 + S 64 regs; 120 KB smem"},
     {128, 128, 128, 2, "O 64 + S 64 regs; Q 32 KB + K/V 2 x 2 x 32 KB = 160 KB smem"},
     {192, 128, 112, 2, "O 96 + S 56 regs; block_n 112 keeps smem at 132 KB"},
@@ -44,6 +44,19 @@ constexpr FwdTile fwd_tile(int hdim) {
     if (t.hdim == hdim) return t;
   return {0, 0, 0, 0, nullptr};
 }
+
+// Query rows per CTA of a forward kernel: the table's, except that the score-hook variant (softcap, ALiBi) keeps
+// two consumer warpgroups (128 rows) where the table has three: at hdim 64 with three of 160 registers its kernel
+// spilled 112 bytes (ptxas), the plain and masked ones 0 and 8.
+constexpr int fwd_block_m(int hdim, bool hooks) {
+  const FwdTile t = fwd_tile(hdim);
+  return hooks && t.block_m > 128 ? 128 : t.block_m;
+}
+
+// setmaxnreg's split of the SM's 64K registers (multiples of 8): the producer warpgroup keeps 24 per thread, the
+// consumers 240 each with two warpgroups, 160 with three (128 x 24 + 384 x 160 = 64512).
+inline constexpr int kProducerRegs = 24;
+constexpr int consumer_regs(int consumers) { return consumers == 3 ? 160 : 240; }
 
 // Shared memory of the forward (a bound; traits.h has the exact size): Q, the K and V rings and the barriers, and
 // O's staging buffer (staged_tile.h: block_m rows of hdim + 8 elements) where it fits beside them.

@@ -30,13 +30,13 @@ CUTE_HOST_DEVICE constexpr auto smem_atom_k_major() {
   }
 }
 
-template <class Element_, int kHeadDim_>
+template <class Element_, int kHeadDim_, bool kHooks_ = false>
 struct FwdTraits {
   using Element = Element_;
   static constexpr FwdTile kTile = fwd_tile(kHeadDim_);
   static_assert(kTile.hdim == kHeadDim_, "no sm90 forward tile-table entry for this head dim");
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = kTile.block_m;
+  static constexpr int kBlockM = fwd_block_m(kHeadDim_, kHooks_);
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kStages = kTile.stages;
   // One producer warpgroup (TMA) and one consumer warpgroup per 64 query rows (wgmma's M).
@@ -44,6 +44,9 @@ struct FwdTraits {
   static constexpr int kMmaThreads = kConsumerWarpgroups * 128;
   static constexpr int kThreads = kMmaThreads + 128;
   static_assert(kBlockM % 64 == 0 && kBlockN % 16 == 0 && kHeadDim % 16 == 0);
+  static constexpr int kProducerRegs = sm90::kProducerRegs;
+  static constexpr int kConsumerRegs = consumer_regs(kConsumerWarpgroups);
+  static_assert(kConsumerWarpgroups <= 3 && 128 * (kProducerRegs + kConsumerWarpgroups * kConsumerRegs) <= 65536);
 
   using TileShape = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;
   using AtomLayout = Layout<Shape<Int<kConsumerWarpgroups>, _1, _1>>;
