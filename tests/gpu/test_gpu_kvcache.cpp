@@ -278,6 +278,7 @@ void expect_refusals(std::int64_t snew) {
     d.out->upload(*p.out);
     d.lse->upload(*p.lse);
     flashtile::Options o = d.options(p);
+    if (const std::string why = d.not_built(0, o); !why.empty()) GTEST_SKIP() << why;
     o.max_seqlen_k = b.max_seqlen_k;
     try {
       d.run(0, o);
@@ -331,6 +332,7 @@ void capture_and_replay(bool caller_workspace) {
     caches.push_back(ft_test::build_cache(kc, *problems.back(), rng));
   }
   DevCall d(*problems[0], caches[0]);
+  if (const std::string why = d.not_built(0, d.options(*problems[0])); !why.empty()) GTEST_SKIP() << why;
   cudaStream_t stream = nullptr;
   FT_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   void* ws = nullptr;
