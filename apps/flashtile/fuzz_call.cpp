@@ -7,6 +7,7 @@
 #include <limits>
 #include <sstream>
 
+#include "flashtile/attention.h"
 #include "flashtile/errors.h"
 
 namespace flashtile::app::fuzz {
@@ -296,9 +297,13 @@ bool inject(Fault f, Call& c, Rng& r, const std::vector<std::string>& backends) 
       c.options.backend = name;
       return true;
     }
-    case Fault::bad_isa:
-      c.isa = r.pick<const char*>({"avx9", "sse2", "AVX2", "avx512"});
+    case Fault::bad_isa: {  // names no path, or a path this CPU cannot run (avx512 only where it lacks AVX-512)
+      const auto paths = flashtile::cpu_isa_paths();
+      const bool has_avx512 = std::find(paths.begin(), paths.end(), "avx512") != paths.end();
+      c.isa = has_avx512 ? r.pick<const char*>({"avx9", "sse2", "AVX2"})
+                         : r.pick<const char*>({"avx9", "sse2", "AVX2", "avx512"});
       return true;
+    }
     case Fault::window:  // a side below -1 (-1 = unbounded)
       c.options.window_size[static_cast<std::size_t>(r.u(2))] = r.pick<std::int64_t>({-2, -3, -1000, LLONG_MIN});
       return true;
