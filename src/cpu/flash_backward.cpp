@@ -17,9 +17,17 @@
 // dQ gets contributions from every key tile, so each part adds into its own float32 dQ buffer
 // [Hq, total_q, D]; the parts are summed in a fixed order at the end. For a given thread count the result
 // is bitwise reproducible. The buffers are linear in Sq; `parts` is 1 when B·Hkv already feeds the threads.
+//
+// Compiled into the AMX kernel sets too (FT_AMX, amx_tiles.h): there a bf16 call runs the five products on AMX
+// tiles (key_tile_amx below): the operands as the inputs' bf16 bits, P and dS rounded to bf16, float32
+// accumulators; S is Q·Kᵀ on the unscaled bf16 Q, scaled afterwards, and dK is scaled once when written. The
+// products take whole 32 x 32 blocks, masked entries of P and dS being exact zeros; a call whose Q, K, V or dO
+// holds an Inf or NaN (0 · Inf = NaN) runs the float32 products instead (checked once per call, with D).
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/convert.h"
@@ -30,6 +38,9 @@
 #include "cpu/phase_clock.h"
 #include "cpu/score_row.h"
 #include "cpu/tile_ops.h"
+#ifdef FT_AMX
+#include "cpu/amx_tiles.h"
+#endif
 
 #ifndef FT_ISA_NS
 #error "FT_ISA_NS must name the ISA namespace"
@@ -61,6 +72,70 @@ struct BwdScratch {
         lo(new int[static_cast<std::size_t>(t.block_q)]), hi(new int[static_cast<std::size_t>(t.block_q)]) {}
 };
 
+#ifdef FT_AMX
+// The AMX products' operands (amx_tiles.h layouts: A row-major bf16, B as pairs along the summed dimension), sizes
+// rounded up to the 32-row / 32-column blocks; padding rows and columns stay zero.
+//   per key tile: ktp = Kᵀ as pairs of head-dim entries per key [D32/2][bk][2] (for S), vtp = Vᵀ likewise [Dv32/2]
+//                 [bk][2] (for dP), kp = K as pairs of keys per head-dim column [bk/2][D32][2] (for dQ);
+//   per query tile: q16 [bq][D32], do16 [bq][Dv32] (row-major, for S and dP), qp [bq/2][D32][2] and dop
+//                 [bq/2][Dv32][2] (pairs of rows, for dK and dV);
+//   per pair: pt [bk][bq] = Pᵀ, ds [bq][bk], dst [bk][bq] = dSᵀ in bf16; dq [bq][D32] the pair's dQ;
+//   per key tile: dk [bk][D32], dv [bk][Dv32], float32 (dK unscaled).
+struct AmxScratch {
+  int bq, bk, d32, dv32;
+  std::unique_ptr<std::uint16_t[]> ktp, vtp, kp, q16, do16, qp, dop, pt, ds, dst;
+  std::unique_ptr<float[]> dq, dk, dv;
+  template <class E>
+  static std::unique_ptr<E[]> make(std::int64_t n) {
+    return std::unique_ptr<E[]>(new E[static_cast<std::size_t>(n)]());
+  }
+  AmxScratch(TileConfig t, std::int64_t d, std::int64_t dv_)
+      : bq(t.block_q), bk(t.block_k), d32(static_cast<int>((d + 31) / 32 * 32)),
+        dv32(static_cast<int>((dv_ + 31) / 32 * 32)), ktp(make<std::uint16_t>(d32 * bk)),
+        vtp(make<std::uint16_t>(dv32 * bk)), kp(make<std::uint16_t>(bk * d32)), q16(make<std::uint16_t>(bq * d32)),
+        do16(make<std::uint16_t>(bq * dv32)), qp(make<std::uint16_t>(bq * d32)), dop(make<std::uint16_t>(bq * dv32)),
+        pt(make<std::uint16_t>(bk * bq)), ds(make<std::uint16_t>(bq * bk)), dst(make<std::uint16_t>(bk * bq)),
+        dq(make<float>(bq * d32)), dk(make<float>(bk * d32)), dv(make<float>(bk * dv32)) {}
+};
+// The pair layout of a row-major [rows32][cols] bf16 block src: dst[(r / 2) * 2 * cols + 2 * c + r % 2] =
+// src[r][c], two rows interleaved at a time (rows32 even).
+inline void row_pairs(const std::uint16_t* src, int rows32, int cols, std::uint16_t* dst) {
+  for (int r = 0; r < rows32; r += 2) {
+    const std::uint16_t* a = src + static_cast<std::int64_t>(r) * cols;
+    const std::uint16_t* b = a + cols;
+    std::uint16_t* o = dst + static_cast<std::int64_t>(r) * cols;
+    for (int c = 0; c < cols; ++c) {
+      o[2 * c] = a[c];
+      o[2 * c + 1] = b[c];
+    }
+  }
+}
+// dst[c][r] = src[r][c] for a [rows][cols] bf16 block (leading dimensions lds, ldd).
+inline void transpose16(const std::uint16_t* src, int lds, int rows, int cols, std::uint16_t* dst, int ldd) {
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c)
+      dst[static_cast<std::int64_t>(c) * ldd + r] = src[static_cast<std::int64_t>(r) * lds + c];
+}
+// Rows [rows, rows32) of a row-major bf16 block: zero (a short last tile's padding for the 32-row blocks).
+inline void zero_rows(std::uint16_t* x, int rows, int rows32, int cols) {
+  std::fill_n(x + static_cast<std::int64_t>(rows) * cols, static_cast<std::int64_t>(rows32 - rows) * cols,
+              std::uint16_t{0});
+}
+#endif
+
+// A worker's scratch: the float32 kernels' and, for an AMX call, the AMX layouts'.
+struct TaskScratch {
+  BwdScratch f;
+#ifdef FT_AMX
+  std::unique_ptr<AmxScratch> amx;
+#endif
+  TaskScratch(TileConfig t, std::int64_t d, std::int64_t dv, [[maybe_unused]] bool amx_call) : f(t, d, dv) {
+#ifdef FT_AMX
+    if (amx_call) amx = std::make_unique<AmxScratch>(t, d, dv);
+#endif
+  }
+};
+
 // Per-call state. Query rows are numbered in the packed row dimension of the call: R = q_row0 + i in a
 // varlen batch, b · Sq + i otherwise (total_q rows in all).
 struct Shared {
@@ -70,6 +145,7 @@ struct Shared {
   std::vector<float> delta;   // D = rowsum(dO ∘ O), [Hq, total_q]
   std::vector<float> dq;      // per-part dQ sums, [parts, Hq, total_q, padded(D)], unscaled
   std::vector<float> dsinks;  // per-sequence dsink terms, [B, Hq] (with sinks)
+  bool amx = false;           // the bf16 products on AMX tiles (FT_AMX sets, bf16, every input finite)
   std::int64_t row(const HeadInfo& head, std::int64_t b, std::int64_t i) const {
     return p.is_varlen() ? head.seq.q_row0 + i : b * p.seqlen_q + i;
   }
@@ -218,6 +294,167 @@ void key_tile(Shared& sh, BwdScratch& w, std::int64_t b, std::int64_t hk, std::i
   }
 }
 
+#ifdef FT_AMX
+// Whether every value of Q, K, V and dO is finite: the AMX products take whole blocks, where a masked P or dS
+// entry (exactly 0) meets the operand values of keys or rows it does not see, and 0 · Inf = NaN.
+bool inputs_finite(const AttnParams& p, int threads) {
+  std::atomic<bool> finite{true};
+  auto rows_finite = [](const void* base, const detail::Strides& st, std::int64_t b, std::int64_t r0, std::int64_t n,
+                        std::int64_t h, std::int64_t cols) {
+    for (std::int64_t i = 0; i < n; ++i) {
+      const BFloat16* x = row_ptr<BFloat16>(base, st, b, r0 + i, h);
+      for (std::int64_t c = 0; c < cols; ++c)
+        if ((x[c].bits & 0x7f80u) == 0x7f80u) return false;  // exponent all ones: Inf or NaN
+    }
+    return true;
+  };
+  parallel_tasks(
+      p.batch * (p.heads_q + p.heads_kv), threads, [] { return 0; },
+      [&](int&, std::int64_t t) {
+        if (!finite.load(std::memory_order_relaxed)) return;
+        const std::int64_t b = t / (p.heads_q + p.heads_kv), h = t % (p.heads_q + p.heads_kv);
+        const detail::SeqInfo seq = detail::sequence(p, b);
+        const bool ok = h < p.heads_q
+                            ? rows_finite(p.q, p.q_stride, b, seq.q_row0, seq.seqlen_q, h, p.hdim) &&
+                                  rows_finite(p.dout, p.dout_stride, b, seq.q_row0, seq.seqlen_q, h, p.hdim_v)
+                            : rows_finite(p.k, p.k_stride, b, seq.k_row0, seq.seqlen_k, h - p.heads_q, p.hdim) &&
+                                  rows_finite(p.v, p.v_stride, b, seq.k_row0, seq.seqlen_k, h - p.heads_q, p.hdim_v);
+        if (!ok) finite.store(false, std::memory_order_relaxed);
+      });
+  return finite.load();
+}
+
+// key_tile for bf16 inputs on AMX tiles (Shared::amx): the same steps, the products on AmxScratch's layouts.
+void key_tile_amx(Shared& sh, BwdScratch& w, AmxScratch& x, std::int64_t b, std::int64_t hk, std::int64_t part,
+                  std::int64_t k0) {
+  const AttnParams& p = sh.p;
+  const detail::SeqInfo seq = detail::sequence(p, b);
+  if (k0 >= seq.seqlen_k) return;
+  const int d = static_cast<int>(p.hdim), dv = static_cast<int>(p.hdim_v);
+  const int bq = x.bq, bk = x.bk, d32 = x.d32, dv32 = x.dv32;
+  const int n = static_cast<int>(std::min<std::int64_t>(bk, seq.seqlen_k - k0));
+  const int n32 = (n + 31) / 32 * 32;
+  PhaseTimer clock(g_phases);
+
+  // K and V of the tile in the three pair layouts (keys n .. bk and head-dim columns d .. d32 zero).
+  std::fill_n(x.ktp.get(), d32 * bk, std::uint16_t{0});
+  std::fill_n(x.vtp.get(), dv32 * bk, std::uint16_t{0});
+  std::fill_n(x.kp.get(), bk * d32, std::uint16_t{0});
+  for (int j = 0; j < n; ++j) {
+    const BFloat16* ks = row_ptr<BFloat16>(p.k, p.k_stride, b, seq.k_row0 + k0 + j, hk);
+    const BFloat16* vs = row_ptr<BFloat16>(p.v, p.v_stride, b, seq.k_row0 + k0 + j, hk);
+    std::uint16_t* kpj = x.kp.get() + static_cast<std::int64_t>(j / 2) * 2 * d32 + j % 2;
+    for (int c = 0; c < d; ++c) kpj[2 * c] = ks[c].bits;
+    std::uint16_t* ktj = x.ktp.get() + 2 * j;
+    for (int c = 0; c < d; c += 2) {
+      ktj[static_cast<std::int64_t>(c / 2) * 2 * bk] = ks[c].bits;
+      ktj[static_cast<std::int64_t>(c / 2) * 2 * bk + 1] = c + 1 < d ? ks[c + 1].bits : std::uint16_t{0};
+    }
+    std::uint16_t* vtj = x.vtp.get() + 2 * j;
+    for (int c = 0; c < dv; c += 2) {
+      vtj[static_cast<std::int64_t>(c / 2) * 2 * bk] = vs[c].bits;
+      vtj[static_cast<std::int64_t>(c / 2) * 2 * bk + 1] = c + 1 < dv ? vs[c + 1].bits : std::uint16_t{0};
+    }
+  }
+  std::fill_n(x.dk.get(), bk * d32, 0.0f);
+  std::fill_n(x.dv.get(), bk * dv32, 0.0f);
+  amx::configure();
+
+  const std::int64_t group = p.group();
+  for (std::int64_t g = 0; g < group; ++g) {
+    const std::int64_t h = hk * group + g;
+    const HeadInfo head(p, b, h);
+    const bool softcap = head.hook.softcap > 0.0f;
+    const detail::Range qt = head.mask.query_tiles(k0, n, bq);
+    for (std::int64_t q0 = qt.begin * bq; q0 < qt.end * bq && q0 < seq.seqlen_q; q0 += bq) {
+      const int rows = static_cast<int>(std::min<std::int64_t>(bq, seq.seqlen_q - q0));
+      const int rows32 = (rows + 31) / 32 * 32;
+      const detail::TileMask tm = head.mask.tile(q0, rows, k0, n);
+      if (tm == detail::TileMask::skip) continue;
+      // Q and dO bits, row-major (padding rows and columns zero) and as pairs of rows.
+      for (int r = 0; r < rows; ++r) {
+        const BFloat16* qs = row_ptr<BFloat16>(p.q, p.q_stride, b, seq.q_row0 + q0 + r, h);
+        const BFloat16* gs = row_ptr<BFloat16>(p.dout, p.dout_stride, b, seq.q_row0 + q0 + r, h);
+        std::uint16_t* qd = x.q16.get() + static_cast<std::int64_t>(r) * d32;
+        std::uint16_t* gd = x.do16.get() + static_cast<std::int64_t>(r) * dv32;
+        for (int c = 0; c < d; ++c) qd[c] = qs[c].bits;
+        for (int c = 0; c < dv; ++c) gd[c] = gs[c].bits;
+        std::fill(qd + d, qd + d32, std::uint16_t{0});
+        std::fill(gd + dv, gd + dv32, std::uint16_t{0});
+        w.lse[r] = sh.lse(head, b, h, q0 + r);
+        w.delta[r] = *sh.delta_rows(h, sh.row(head, b, q0 + r));
+      }
+      zero_rows(x.q16.get(), rows, rows32, d32);
+      zero_rows(x.do16.get(), rows, rows32, dv32);
+      row_pairs(x.q16.get(), rows32, d32, x.qp.get());
+      row_pairs(x.do16.get(), rows32, dv32, x.dop.get());
+      clock.skip();
+      amx::gemm(rows32, n32, d32 / 32, x.q16.get(), d32, x.ktp.get(), 2 * bk, w.s.get(), bk, false);  // S = Q Kᵀ
+      clock.mark(kProducts);
+      bool needs_mask = tm == detail::TileMask::partial;
+      for (int r = 0; r < rows; ++r) needs_mask = needs_mask || w.lse[r] == kNegInf;
+      for (int r = 0; r < rows; ++r) {
+        float* sr = w.s.get() + static_cast<std::int64_t>(r) * bk;
+        if (w.lse[r] == kNegInf) {
+          std::fill_n(sr, n, 0.0f);
+          w.lo[r] = w.hi[r] = 0;
+          continue;
+        }
+        for (int j = 0; j < n; ++j) sr[j] *= p.softmax_scale;
+        score_row(head.hook, q0 + r, k0, sr, n, softcap ? w.dt.get() + static_cast<std::int64_t>(r) * bk : nullptr);
+        exp_row(sr, n, w.lse[r]);
+        const TileKeys vis = needs_mask ? mask_row(head.mask, q0 + r, k0, n, sr, 0.0f) : TileKeys{0, n};
+        w.lo[r] = vis.begin;
+        w.hi[r] = vis.end;
+      }
+      // Pᵀ in bf16: the rows rounded (masked entries are 0 already), then transposed; padding 0.
+      for (int r = 0; r < rows; ++r) {
+        const std::int64_t at = static_cast<std::int64_t>(r) * bk;
+        to_bf16_row(w.s.get() + at, x.ds.get() + at, n, n32);
+      }
+      zero_rows(x.ds.get(), rows, rows32, bk);
+      transpose16(x.ds.get(), bk, rows32, n32, x.pt.get(), bq);
+      clock.mark(kExp);
+      // dV += Pᵀ dO, dP = dO Vᵀ
+      amx::gemm(n32, dv32, rows32 / 32, x.pt.get(), bq, x.dop.get(), 2 * dv32, x.dv.get(), dv32, true);
+      amx::gemm(rows32, n32, dv32 / 32, x.do16.get(), dv32, x.vtp.get(), 2 * bk, w.dp.get(), bk, false);
+      clock.mark(kProducts);
+      for (int r = 0; r < rows; ++r) {  // dS = P ∘ (dP − D) [∘ (1 − tanh²)] over the visible keys, in bf16
+        float* dpr = w.dp.get() + static_cast<std::int64_t>(r) * bk;
+        const float* sr = w.s.get() + static_cast<std::int64_t>(r) * bk;
+        const float* dtr = w.dt.get() + static_cast<std::int64_t>(r) * bk;
+        const float dr = w.delta[r];
+        const int begin = w.lo[r], end = w.hi[r];
+        for (int j = 0; j < begin; ++j) dpr[j] = 0.0f;
+        for (int j = begin; j < end; ++j) dpr[j] = sr[j] * (dpr[j] - dr);
+        for (int j = end; j < n; ++j) dpr[j] = 0.0f;
+        if (softcap)
+          for (int j = begin; j < end; ++j) dpr[j] *= dtr[j];
+        to_bf16_row(dpr, x.ds.get() + static_cast<std::int64_t>(r) * bk, n, n32);
+      }
+      transpose16(x.ds.get(), bk, rows32, n32, x.dst.get(), bq);  // dSᵀ (rows rows .. rows32 zero from above)
+      clock.mark(kDs);
+      amx::gemm(rows32, d32, n32 / 32, x.ds.get(), bk, x.kp.get(), 2 * d32, x.dq.get(), d32, false);  // dS K
+      float* dq = sh.dq_rows(part, h, sh.row(head, b, q0));
+      const std::int64_t ldq = padded(p.hdim);
+      for (int r = 0; r < rows; ++r)
+        for (int c = 0; c < d; ++c) dq[r * ldq + c] += x.dq[static_cast<std::int64_t>(r) * d32 + c];
+      amx::gemm(n32, d32, rows32 / 32, x.dst.get(), bq, x.qp.get(), 2 * d32, x.dk.get(), d32, true);  // dK += dSᵀ Q
+      clock.mark(kProducts);
+    }
+  }
+  amx::release();
+  for (int j = 0; j < n; ++j) {
+    BFloat16* dks = row_ptr<BFloat16>(p.dk, p.dk_stride, b, seq.k_row0 + k0 + j, hk);
+    BFloat16* dvs = row_ptr<BFloat16>(p.dv, p.dv_stride, b, seq.k_row0 + k0 + j, hk);
+    const float* dkr = x.dk.get() + static_cast<std::int64_t>(j) * d32;
+    const float* dvr = x.dv.get() + static_cast<std::int64_t>(j) * dv32;
+    for (int c = 0; c < d; ++c) dks[c] = from_float<BFloat16>(dkr[c] * p.softmax_scale);
+    for (int c = 0; c < dv; ++c) dvs[c] = from_float<BFloat16>(dvr[c]);
+  }
+}
+#endif
+
 // dK = dV = 0 for the key rows a sequence holds but does not use (seqused_k): no query sees them.
 template <class T>
 void zero_unused_keys(const AttnParams& p, std::int64_t b, std::int64_t hk) {
@@ -241,14 +478,27 @@ void backward_typed(const AttnParams& p, TileConfig tile, int threads) {
   sh.dq.assign(static_cast<std::size_t>(sh.parts * p.heads_q * p.total_q * padded(p.hdim)), 0.0f);
   if (p.sinks != nullptr) sh.dsinks.assign(static_cast<std::size_t>(p.batch * p.heads_q), 0.0f);
   compute_delta<T>(sh, threads);
+#ifdef FT_AMX
+  if constexpr (std::is_same_v<T, BFloat16>) sh.amx = inputs_finite(p, threads);
+#endif
 
   const std::vector<std::int64_t> order = batch_order(p);
   parallel_tasks(
-      heads * sh.parts, threads, [&] { return BwdScratch(tile, p.hdim, p.hdim_v); },
-      [&](BwdScratch& w, std::int64_t t) {
+      heads * sh.parts, threads, [&] { return TaskScratch(tile, p.hdim, p.hdim_v, sh.amx); },
+      [&](TaskScratch& w, std::int64_t t) {
         const std::int64_t bh = t / sh.parts, part = t % sh.parts;
         const std::int64_t b = order[static_cast<std::size_t>(bh / p.heads_kv)], hk = bh % p.heads_kv;
-        for (std::int64_t kt = part; kt < n_kt; kt += sh.parts) key_tile<T>(sh, w, b, hk, part, kt * tile.block_k);
+        for (std::int64_t kt = part; kt < n_kt; kt += sh.parts) {
+#ifdef FT_AMX
+          if constexpr (std::is_same_v<T, BFloat16>) {
+            if (sh.amx) {
+              key_tile_amx(sh, w.f, *w.amx, b, hk, part, kt * tile.block_k);
+              continue;
+            }
+          }
+#endif
+          key_tile<T>(sh, w.f, b, hk, part, kt * tile.block_k);
+        }
         if (part == 0) zero_unused_keys<T>(p, b, hk);
       });
 

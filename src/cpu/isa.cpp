@@ -1,8 +1,8 @@
 // Run-time choice of the CPU kernel set. One binary carries a scalar (baseline x86-64 / any CPU), an
 // AVX2+FMA and an AVX-512 build of the same kernels, plus an AVX-512 build whose bf16 forward runs on
 // AVX512_BF16 dot products; the best one this CPU executes is used unless FLASHTILE_CPU_ISA forces another
-// (tests force each path in turn). A further AVX-512 build runs bf16 forwards on AMX tiles where the CPU has
-// AMX-BF16 and the kernel grants the tile state. Three sets are never chosen by themselves: avx2-bf16emu and
+// (tests force each path in turn). A further AVX-512 build runs bf16 forwards and backwards on AMX tiles where
+// the CPU has AMX-BF16 and the kernel grants the tile state. Three sets are never chosen by themselves: avx2-bf16emu and
 // avx2-amxemu (test-only emulations) and avx512-bf16, which lost to avx512 on the one AVX512_BF16 CPU
 // measured (see kSets).
 #include <cstdlib>
@@ -64,7 +64,7 @@ const KernelSet kSets[] = {
     // bf16 inputs on emulated pair products: slower than avx2, for the tests only.
     {"avx2-bf16emu", &avx2_bf16emu::forward, &avx2::backward, &avx2::decode, false},
     // bf16 inputs on emulated AMX tiles: much slower than avx2, for the tests only.
-    {"avx2-amxemu", &avx2_amxemu::forward, &avx2::backward, &avx2::decode, false, &amx_forward_tiles},
+    {"avx2-amxemu", &avx2_amxemu::forward, &avx2_amxemu::backward, &avx2::decode, false, &amx_forward_tiles},
     {"avx512", &avx512::forward, &avx512::backward, &avx512::decode},
     // bf16 forward on vdpbf16ps. Not automatic: on the Xeon (Sapphire Rapids class) of the GPU machine,
     // vdpbf16ps peaked at 85 GFLOP/s per core against 171 for float32 FMAs (bench/fma_peak.cpp), and this
@@ -72,8 +72,8 @@ const KernelSet kSets[] = {
     // inputs (bench/results/cpu.md). Without it, bf16 inputs take avx512's float32 kernels on tiles
     // converted once per head. FLASHTILE_CPU_ISA=avx512-bf16 selects it.
     {"avx512-bf16", &avx512_bf16::forward, &avx512::backward, &avx512::decode, false},
-    // bf16 forward on AMX tiles (tdpbf16ps); float32/float16 and the backward as avx512.
-    {"avx512-amx", &avx512_amx::forward, &avx512::backward, &avx512::decode, true, &amx_forward_tiles},
+    // bf16 forward and backward on AMX tiles (tdpbf16ps); float32/float16 as avx512.
+    {"avx512-amx", &avx512_amx::forward, &avx512_amx::backward, &avx512::decode, true, &amx_forward_tiles},
 #endif
 };
 

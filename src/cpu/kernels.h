@@ -46,12 +46,14 @@ void forward(const detail::AttnParams& p, TileConfig tile, int threads);
 namespace avx2_bf16emu {
 void forward(const detail::AttnParams& p, TileConfig tile, int threads);
 }
-// Forward-only sets whose bf16 forward runs on AMX tiles (amx_tiles.h); the emulated one is for the tests.
+// Sets whose bf16 forward and backward run on AMX tiles (amx_tiles.h); the emulated one is for the tests.
 namespace avx512_amx {
 void forward(const detail::AttnParams& p, TileConfig tile, int threads);
+void backward(const detail::AttnParams& p, TileConfig tile, int threads);
 }
 namespace avx2_amxemu {
 void forward(const detail::AttnParams& p, TileConfig tile, int threads);
+void backward(const detail::AttnParams& p, TileConfig tile, int threads);
 }
 
 // The kernel set for this CPU, or the one forced by FLASHTILE_CPU_ISA=scalar|avx2|avx512|avx512-bf16|avx512-amx|
