@@ -73,7 +73,7 @@ def find_capi(build):
         return out
     # --whole-archive keeps every ISA variant's objects; the static library is position-independent.
     cmd = ["g++", "-std=c++20", "-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-I", os.path.join(ROOT, "include"),
-           next(p for p in (os.path.join(ROOT, "src", "capi.cpp"), os.path.join(ROOT, "src", "cuda", "capi.cpp"))
+           next(p for p in (os.path.join(ROOT, "src", "capi", "capi.cpp"), os.path.join(ROOT, "src", "capi.cpp"))
                 if os.path.exists(p)), "-Wl,--whole-archive",
            lib, "-Wl,--no-whole-archive", "-fopenmp",
            "-Wl,--exclude-libs,ALL", "-Wl,-Bsymbolic", "-o", out]
