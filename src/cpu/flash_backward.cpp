@@ -182,6 +182,48 @@ void compute_delta(Shared& sh, int threads) {
       });
 }
 
+// P = exp(S − LSE) in place over the tile's score rows w.s (each first multiplied by `scale`: 1 where Q was
+// scaled before the product), masked entries and rows with LSE = −inf exactly 0; w.lo / w.hi: each row's visible
+// keys; with softcap, w.dt gets 1 − tanh². Returns whether any row needed masking.
+bool probabilities(const HeadInfo& head, BwdScratch& w, detail::TileMask tm, std::int64_t q0, int rows,
+                   std::int64_t k0, int n, int bk, float scale) {
+  const bool softcap = head.hook.softcap > 0.0f;
+  bool needs_mask = tm == detail::TileMask::partial;
+  for (int r = 0; r < rows; ++r) needs_mask = needs_mask || w.lse[r] == kNegInf;
+  for (int r = 0; r < rows; ++r) {
+    float* sr = w.s.get() + static_cast<std::int64_t>(r) * bk;
+    if (w.lse[r] == kNegInf) {
+      std::fill_n(sr, n, 0.0f);
+      w.lo[r] = w.hi[r] = 0;
+      continue;
+    }
+    if (scale != 1.0f)
+      for (int j = 0; j < n; ++j) sr[j] *= scale;
+    score_row(head.hook, q0 + r, k0, sr, n, softcap ? w.dt.get() + static_cast<std::int64_t>(r) * bk : nullptr);
+    exp_row(sr, n, w.lse[r]);
+    const TileKeys vis = needs_mask ? mask_row(head.mask, q0 + r, k0, n, sr, 0.0f) : TileKeys{0, n};
+    w.lo[r] = vis.begin;
+    w.hi[r] = vis.end;
+  }
+  return needs_mask;
+}
+
+// dS = P ∘ (dP − D) in place over row r of w.dp (the visible keys; 0 elsewhere up to n), ∘ (1 − tanh²) with
+// softcap: the softcap's derivative (ScoreHook::dscore without the scale).
+void ds_row(BwdScratch& w, int r, int n, int bk, bool softcap) {
+  float* dpr = w.dp.get() + static_cast<std::int64_t>(r) * bk;
+  const float* sr = w.s.get() + static_cast<std::int64_t>(r) * bk;
+  const float dr = w.delta[r];
+  const int begin = w.lo[r], end = w.hi[r];
+  for (int j = 0; j < begin; ++j) dpr[j] = 0.0f;
+  for (int j = begin; j < end; ++j) dpr[j] = sr[j] * (dpr[j] - dr);
+  for (int j = end; j < n; ++j) dpr[j] = 0.0f;
+  if (softcap) {
+    const float* dtr = w.dt.get() + static_cast<std::int64_t>(r) * bk;
+    for (int j = begin; j < end; ++j) dpr[j] *= dtr[j];
+  }
+}
+
 template <class T>
 void key_tile(Shared& sh, BwdScratch& w, std::int64_t b, std::int64_t hk, std::int64_t part, std::int64_t k0) {
   const AttnParams& p = sh.p;
@@ -237,21 +279,7 @@ void key_tile(Shared& sh, BwdScratch& w, std::int64_t b, std::int64_t hk, std::i
       clock.skip();  // the Q and dO copies: other
       gemm_nn(rows, npad, d, w.q.get(), ldd, w.kt.get(), bk, w.s.get(), bk, false);
       clock.mark(kProducts);
-      bool needs_mask = tm == detail::TileMask::partial;
-      for (int r = 0; r < rows; ++r) needs_mask = needs_mask || w.lse[r] == kNegInf;
-      for (int r = 0; r < rows; ++r) {
-        float* sr = w.s.get() + static_cast<std::int64_t>(r) * bk;
-        if (w.lse[r] == kNegInf) {
-          std::fill_n(sr, n, 0.0f);
-          w.lo[r] = w.hi[r] = 0;
-          continue;
-        }
-        score_row(head.hook, q0 + r, k0, sr, n, softcap ? w.dt.get() + static_cast<std::int64_t>(r) * bk : nullptr);
-        exp_row(sr, n, w.lse[r]);
-        const TileKeys vis = needs_mask ? mask_row(head.mask, q0 + r, k0, n, sr, 0.0f) : TileKeys{0, n};
-        w.lo[r] = vis.begin;
-        w.hi[r] = vis.end;
-      }
+      const bool needs_mask = probabilities(head, w, tm, q0, rows, k0, n, bk, 1.0f);
       // Masked keys are excluded from every product below (see tile_ops.h), so they contribute
       // exactly nothing, NaN inputs included. With finite K, Q and dO the products take the whole tile on the
       // SIMD kernel instead, the masked entries of P and dS being exact zeros (the bounded loops are scalar:
@@ -264,19 +292,7 @@ void key_tile(Shared& sh, BwdScratch& w, std::int64_t b, std::int64_t hk, std::i
       gemm_tn(n, ldv, rows, w.s.get(), bk, w.dout.get(), ldv, w.dv.get(), ldv, lo, hi);  // dV += Pᵀ dO
       gemm_nn(rows, npad, dv, w.dout.get(), ldv, w.vt.get(), bk, w.dp.get(), bk, false);  // dP = dO Vᵀ
       clock.mark(kProducts);
-      for (int r = 0; r < rows; ++r) {                                                 // dS = P ∘ (dP − D)
-        float* dpr = w.dp.get() + static_cast<std::int64_t>(r) * bk;
-        const float* sr = w.s.get() + static_cast<std::int64_t>(r) * bk;
-        const float dr = w.delta[r];
-        const int begin = w.lo[r], end = w.hi[r];
-        for (int j = 0; j < begin; ++j) dpr[j] = 0.0f;
-        for (int j = begin; j < end; ++j) dpr[j] = sr[j] * (dpr[j] - dr);
-        for (int j = end; j < n; ++j) dpr[j] = 0.0f;
-        if (softcap) {  // ∘ (1 − tanh²): the softcap's derivative (ScoreHook::dscore without the scale)
-          const float* dtr = w.dt.get() + static_cast<std::int64_t>(r) * bk;
-          for (int j = begin; j < end; ++j) dpr[j] *= dtr[j];
-        }
-      }
+      for (int r = 0; r < rows; ++r) ds_row(w, r, n, bk, softcap);  // dS = P ∘ (dP − D) [∘ (1 − tanh²)]
       clock.mark(kDs);
       gemm_nn(rows, ldd, n, w.dp.get(), bk, w.kf.get(), ldd, sh.dq_rows(part, h, sh.row(head, b, q0)), ldd, true,
               lo, hi);                                                                     // dQ += dS K
@@ -391,22 +407,7 @@ void key_tile_amx(Shared& sh, BwdScratch& w, AmxScratch& x, std::int64_t b, std:
       clock.skip();
       amx::gemm(rows32, n32, d32 / 32, x.q16.get(), d32, x.ktp.get(), 2 * bk, w.s.get(), bk, false);  // S = Q Kᵀ
       clock.mark(kProducts);
-      bool needs_mask = tm == detail::TileMask::partial;
-      for (int r = 0; r < rows; ++r) needs_mask = needs_mask || w.lse[r] == kNegInf;
-      for (int r = 0; r < rows; ++r) {
-        float* sr = w.s.get() + static_cast<std::int64_t>(r) * bk;
-        if (w.lse[r] == kNegInf) {
-          std::fill_n(sr, n, 0.0f);
-          w.lo[r] = w.hi[r] = 0;
-          continue;
-        }
-        for (int j = 0; j < n; ++j) sr[j] *= p.softmax_scale;
-        score_row(head.hook, q0 + r, k0, sr, n, softcap ? w.dt.get() + static_cast<std::int64_t>(r) * bk : nullptr);
-        exp_row(sr, n, w.lse[r]);
-        const TileKeys vis = needs_mask ? mask_row(head.mask, q0 + r, k0, n, sr, 0.0f) : TileKeys{0, n};
-        w.lo[r] = vis.begin;
-        w.hi[r] = vis.end;
-      }
+      probabilities(head, w, tm, q0, rows, k0, n, bk, p.softmax_scale);
       // Pᵀ in bf16: the rows rounded (masked entries are 0 already), then transposed; padding 0.
       for (int r = 0; r < rows; ++r) {
         const std::int64_t at = static_cast<std::int64_t>(r) * bk;
@@ -419,18 +420,10 @@ void key_tile_amx(Shared& sh, BwdScratch& w, AmxScratch& x, std::int64_t b, std:
       amx::gemm(n32, dv32, rows32 / 32, x.pt.get(), bq, x.dop.get(), 2 * dv32, x.dv.get(), dv32, true);
       amx::gemm(rows32, n32, dv32 / 32, x.do16.get(), dv32, x.vtp.get(), 2 * bk, w.dp.get(), bk, false);
       clock.mark(kProducts);
-      for (int r = 0; r < rows; ++r) {  // dS = P ∘ (dP − D) [∘ (1 − tanh²)] over the visible keys, in bf16
-        float* dpr = w.dp.get() + static_cast<std::int64_t>(r) * bk;
-        const float* sr = w.s.get() + static_cast<std::int64_t>(r) * bk;
-        const float* dtr = w.dt.get() + static_cast<std::int64_t>(r) * bk;
-        const float dr = w.delta[r];
-        const int begin = w.lo[r], end = w.hi[r];
-        for (int j = 0; j < begin; ++j) dpr[j] = 0.0f;
-        for (int j = begin; j < end; ++j) dpr[j] = sr[j] * (dpr[j] - dr);
-        for (int j = end; j < n; ++j) dpr[j] = 0.0f;
-        if (softcap)
-          for (int j = begin; j < end; ++j) dpr[j] *= dtr[j];
-        to_bf16_row(dpr, x.ds.get() + static_cast<std::int64_t>(r) * bk, n, n32);
+      for (int r = 0; r < rows; ++r) {  // dS = P ∘ (dP − D) [∘ (1 − tanh²)], in bf16
+        ds_row(w, r, n, bk, softcap);
+        const std::int64_t at = static_cast<std::int64_t>(r) * bk;
+        to_bf16_row(w.dp.get() + at, x.ds.get() + at, n, n32);
       }
       transpose16(x.ds.get(), bk, rows32, n32, x.dst.get(), bq);  // dSᵀ (rows rows .. rows32 zero from above)
       clock.mark(kDs);
