@@ -58,21 +58,28 @@ inline void start_row(const HeadInfo& head, float& m, float& l) {
   l = head.sink > kNegInf ? 1.0f : 0.0f;
 }
 
-// One step of the online softmax for one query row: scores sr[0, n) in natural units (scaled by the softmax
-// scale; masked entries −inf) become P = e^(s − m_new), the running max m and sum l absorb the tile, and the
-// output row acc[0, dv) is rescaled when the max moved. A +inf score makes m = +inf and P = e^(inf − inf) = NaN,
-// a NaN score a NaN P: either way l and the row turn NaN, as the semantics ask.
-inline void online_softmax_row(float* sr, int n, float& m, float& l, float* acc, int dv) {
-  const float mx = row_max(sr, n);
+// One step of the online softmax for one query row whose tile has the score max mx (natural units): the new
+// running max m absorbs it, exps(m_ref) turns the row's scores into P = e^(s − m_ref) and returns their sum, the
+// running sum l absorbs the tile, and the output row acc[0, dv) is rescaled when the max moved. A +inf score
+// makes m = +inf and P = e^(inf − inf) = NaN, a NaN score a NaN P: either way l and the row turn NaN, as the
+// semantics ask.
+template <class Exps>
+inline void online_softmax_step(float mx, float& m, float& l, float* acc, int dv, Exps exps) {
   const float m_old = m;
   const float m_new = mx > m_old ? mx : m_old;
   // All keys so far −inf: keep exponentials at e^(−inf) = 0 instead of e^(−inf − −inf) = NaN.
   const float m_ref = m_new == kNegInf ? 0.0f : m_new;
-  const float sum = exp_row(sr, n, m_ref);
+  const float sum = exps(m_ref);
   const float alpha = exp2_fast((m_old - m_ref) * kLog2e);
   l = l * alpha + sum;
   m = m_new;
   if (alpha != 1.0f) scale_row(acc, dv, alpha);
+}
+
+// The step on scores sr[0, n) in natural units (scaled by the softmax scale; masked entries −inf), which
+// become P in place.
+inline void online_softmax_row(float* sr, int n, float& m, float& l, float* acc, int dv) {
+  online_softmax_step(row_max(sr, n), m, l, acc, dv, [&](float m_ref) { return exp_row(sr, n, m_ref); });
 }
 
 // O = acc / l and LSE = m + log l (natural units) for rows [q0, q0 + rows) of head (b, h). A row that sees no

@@ -133,21 +133,54 @@ inline void start_query_rows(const detail::AttnParams& p, PairScratch& w, std::i
   }
 }
 
+// e^(scale · x[j] − sub) for j < n, rounded to bf16 into dst (zeros from n to n_pad); returns the float32 sum.
+// One pass: the scale is applied in registers (the same rounding as scaling the row first), the difference is
+// formed before log2(e) multiplies it (as exp_row), and P goes to bf16 while it is in a register, where a
+// separate conversion pass would read the float row again (the bf16 AMX forward spent 31–36 % of its time in
+// the softmax step with four passes over each row: scale, max, exp, conversion).
+inline float exp_row_to_bf16(const float* x, int n, float scale, float sub, std::uint16_t* dst, int n_pad) {
+  float sum = 0.0f;
+  int j = 0;
+#if FT_SIMD_WIDTH == 16 && defined(__AVX512BF16__)
+  simd::V sv = simd::set1(0.0f);
+  const simd::V lv = simd::set1(kLog2e), bv = simd::set1(sub), cv = simd::set1(scale);
+  for (; j + 16 <= n; j += 16) {
+    const simd::V e = simd::exp2(simd::mul(simd::sub(simd::mul(simd::load(x + j), cv), bv), lv));
+    sv = simd::add(sv, e);
+    const __m256bh h = _mm512_cvtneps_pbh(e.v);
+    std::memcpy(dst + j, &h, sizeof h);
+  }
+  sum = simd::reduce_add(sv);
+#endif
+  for (; j < n; ++j) {
+    const float e = exp2_fast((x[j] * scale - sub) * kLog2e);
+    sum += e;
+    dst[j] = from_float<BFloat16>(e).bits;
+  }
+  for (; j < n_pad; ++j) dst[j] = 0;
+  return sum;
+}
+
 // The softmax step of key tile [k0, k0 + n) for rows [0, rows): unscaled scores in w.s (the softmax scale is
 // applied to the float32 scores, not folded into Q, which would round Q a second time) become P, rounded to
-// bf16 in w.pb with zeros from n to n_pad; the running max and sum absorb the tile; [w.lo[r], w.hi[r]) = the
-// keys row r sees in the tile. The scale and the score hook are applied before masking, so a masked key is −inf
-// whatever the scale's sign (−inf · a negative scale would be +inf, · 0 NaN).
+// bf16 in w.pb with zeros from n to n_pad; the running max and sum absorb the tile (online_softmax_step);
+// [w.lo[r], w.hi[r]) = the keys row r sees in the tile. The scale and the score hook are applied before
+// masking, so a masked key is −inf whatever the scale's sign (−inf · a negative scale would be +inf, · 0 NaN).
+// A full tile without a hook under a positive scale (the common case) reads each row twice: its max, where
+// max(scale · s) = scale · max(s) since rounding is monotonic, then the exponentials.
 inline void softmax_rows_to_bf16(const detail::AttnParams& p, PairScratch& w, const HeadInfo& head, std::int64_t q0,
                                  int rows, std::int64_t k0, int n, int n_pad, bool needs_mask) {
+  const bool plain = !needs_mask && head.hook.softcap == 0.0f && head.hook.slope == 0.0f && p.softmax_scale > 0.0f;
+  const float scale = plain ? p.softmax_scale : 1.0f;
   for (int r = 0; r < rows; ++r) {
     float* sr = w.s.get() + static_cast<std::int64_t>(r) * w.bk;
-    score_row(head.hook, q0 + r, k0, sr, n, nullptr, p.softmax_scale);
+    if (!plain) score_row(head.hook, q0 + r, k0, sr, n, nullptr, p.softmax_scale);
     const TileKeys vis = needs_mask ? mask_row(head.mask, q0 + r, k0, n, sr) : TileKeys{0, n};
     w.lo[r] = vis.begin;
     w.hi[r] = vis.end;
-    online_softmax_row(sr, n, w.m[r], w.l[r], w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.dv);
-    to_bf16_row(sr, w.pb.get() + static_cast<std::int64_t>(r) * w.bk, n, n_pad);
+    std::uint16_t* pr = w.pb.get() + static_cast<std::int64_t>(r) * w.bk;
+    online_softmax_step(row_max(sr, n) * scale, w.m[r], w.l[r], w.acc.get() + static_cast<std::int64_t>(r) * w.ldv,
+                        w.dv, [&](float m_ref) { return exp_row_to_bf16(sr, n, scale, m_ref, pr, n_pad); });
   }
 }
 
