@@ -16,7 +16,7 @@ import sys
 DTYPES = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t"}
 HDIMS = [32, 64, 96, 128, 160, 192, 224, 256]
 SM90_HDIMS = [64, 96, 128, 192, 256]
-SM90_BWD_HDIMS = [64, 96, 128]  # src/cuda/sm90/tile_table.h: kBwdHdims
+SM90_BWD_HDIMS = [64, 96, 128, 256]  # src/cuda/sm90/tile_table.h: kBwdTiles (192 runs the 256 kernel)
 # Keep equal to kDecodeBuckets in src/cuda/decode/params.h.
 DECODE_HDIMS = [64, 128]
 MASKS = {"plain": "Plain", "masked": "Masked", "hooks": "Hooks"}

@@ -1,7 +1,7 @@
 // The CUDA backend "cuda-sm90": the Hopper forward and backward (warp-specialised TMA producer, wgmma consumer
 // warpgroups; src/cuda/sm90/) for GPUs of compute capability 9.0 (H100, H200). Registered before cuda-sm80,
-// so auto picks it where it can run; what it refuses (a backward head dim outside 64, 96 and 128, strides TMA
-// cannot take, an unbuilt kernel, the KV cache) runs on cuda-sm80 with the reason in the dispatch report.
+// so auto picks it where it can run; what it refuses (strides TMA cannot take, an unbuilt kernel, the KV cache)
+// runs on cuda-sm80 with the reason in the dispatch report.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -25,6 +25,8 @@ namespace sm90 = cuda::sm90;
 constexpr const char* kName = "cuda-sm90";
 
 int bucket_of(const AttnParams& p) { return sm90::hdim_bucket(static_cast<int>(std::max(p.hdim, p.hdim_v))); }
+// The backward kernel's head dim (tile_table.h: bucket 192 runs the 256 kernel).
+int bwd_hdim_of(const AttnParams& p) { return sm90::bwd_hdim(bucket_of(p)); }
 
 // TMA reads each operand as a (rows, d, heads, batch) tensor: every stride of an extent above 1 must be a
 // positive multiple of 16 bytes (checks.h already asks for multiples of 8 elements).
@@ -58,13 +60,12 @@ class CudaSm90 final : public Backend {
       why.push_back("compute capability " + std::to_string(gpu->major) + "." + std::to_string(gpu->minor) + " of " +
                     gpu->name + " is not 9.0 (the kernels are sm_90a code: wgmma, setmaxnreg, TMA)");
     if (p.is_backward()) {
-      const int b = bucket_of(p);
+      const int b = bucket_of(p), d = bwd_hdim_of(p);
       if (!sm90::has_bwd(b))
-        why.push_back("backward: head-dim bucket " + std::to_string(b) + " is not in " + kName +
-                      "'s backward yet (64, 96 and 128)");
-      else if (p.dtype != DType::float32 && !cuda::sm90_bwd_kernel_built(cuda::elem_of(p.dtype), b))
+        why.push_back("backward: head-dim bucket " + std::to_string(b) + " is not in " + kName + "'s backward");
+      else if (p.dtype != DType::float32 && !cuda::sm90_bwd_kernel_built(cuda::elem_of(p.dtype), d))
         why.push_back(std::string("backward kernel not built in this build: ") +
-                      cuda::elem_name(cuda::elem_of(p.dtype)) + " hdim " + std::to_string(b));
+                      cuda::elem_name(cuda::elem_of(p.dtype)) + " hdim " + std::to_string(d));
     }
     check_tma_strides(p, why);
     const std::int64_t dmax = std::max(p.hdim, p.hdim_v);
@@ -91,7 +92,7 @@ class CudaSm90 final : public Backend {
     KernelInfo k;
     k.backend = kName;
     k.kernel = std::string(p.is_backward() ? "sm90_bwd_" : "sm90_fwd_") + cuda::elem_name(e) + "_hdim" +
-               std::to_string(bucket) + "_" + cuda::kind_name(kind);
+               std::to_string(p.is_backward() ? bwd_hdim_of(p) : bucket) + "_" + cuda::kind_name(kind);
     k.isa = "sm_90a wgmma + TMA";
     std::ostringstream d;
     if (!p.is_backward()) {
@@ -106,12 +107,20 @@ class CudaSm90 final : public Backend {
         << (kind == Kind::plain ? "blocks fastest" : "longest first")
         << " smem<=" << sm90::fwd_smem_bytes(bucket) << "B";
     } else {
-      k.block_q = 64;
-      k.block_k = 128;
+      const sm90::BwdTile t = sm90::bwd_tile(bwd_hdim_of(p));
+      k.block_q = t.block_m;
+      k.block_k = t.block_n;
       k.threads = 384;
-      d << "hdim_bucket=" << bucket << " warpgroups=1 producer (TMA: K, V once; Q, dO per step) + 2 consumers "
-        << "(64 keys each; S^T, dP^T, dV, dK, dQ on wgmma) registers=24/240 stages=2 dq=fp32 reductions"
-        << (p.deterministic ? " in key-block order (deterministic)" : "");
+      d << "hdim_bucket=" << bucket;
+      if (t.hdim != bucket) d << " (runs the hdim-" << t.hdim << " kernel, padded)";
+      d << " warpgroups=1 producer (TMA: K, V once; Q, dO per step) + 2 consumers ";
+      if (t.wide)
+        d << "(dK^T, dV^T, dQ: half the head dim each; S, dP: half the keys each; P, dS through shared memory) "
+          << "registers=" << sm90::kProducerRegs << "/240 stages=2 dq=fp32 vector reductions from registers";
+      else
+        d << "(64 keys each; S^T, dP^T, dV, dK, dQ on wgmma) registers=" << sm90::kProducerRegs
+          << "/240 stages=2 dq=fp32 bulk reductions by a writer warp";
+      d << (p.deterministic ? " in key-block order (deterministic)" : "");
     }
     d << " variant=" << cuda::kind_name(kind) << " (tiles: "
       << (kind == Kind::plain ? "every key tile" : "the mask policy's") << ") dtype=" << dtype_name(p.dtype)
@@ -135,8 +144,8 @@ class CudaSm90 final : public Backend {
     cuda::BwdParams b;
     cuda::fill_params(p, b);
     cuda::Workspace ws(p, plan.bytes, stream, kName);
-    cuda::place_bwd_workspace(p, plan, bucket_of(p), ws.data(), b);
-    cuda::check(cuda::launch_bwd_sm90(cuda::elem_of(p.dtype), bucket_of(p), cuda::kind_of(p), b, stream), kName,
+    cuda::place_bwd_workspace(p, plan, bwd_hdim_of(p), ws.data(), b);
+    cuda::check(cuda::launch_bwd_sm90(cuda::elem_of(p.dtype), bwd_hdim_of(p), cuda::kind_of(p), b, stream), kName,
                 "backward kernel launch");
     ws.release();
   }
@@ -146,9 +155,9 @@ class CudaSm90 final : public Backend {
   }
 
  private:
-  static constexpr int kBwdBlockM = 64;  // sm90/bwd_kernel.h BwdTraits::kBlockM
   static cuda::BwdWorkspacePlan plan_bwd(const AttnParams& p) {
-    return cuda::plan_bwd_workspace(p, kBwdBlockM, bucket_of(p));
+    const int d = bwd_hdim_of(p);
+    return cuda::plan_bwd_workspace(p, sm90::bwd_tile(d).block_m, d);
   }
 };
 

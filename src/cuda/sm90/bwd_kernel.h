@@ -30,12 +30,15 @@ template <class Element_, int kHeadDim_>
 struct BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = 64;   // query rows per step
-  static constexpr int kBlockN = 128;  // keys per CTA (64 per consumer warpgroup)
+  static constexpr BwdTile kTile = bwd_tile(kHeadDim_);
+  static_assert(kTile.hdim == kHeadDim_ && !kTile.wide, "no sm90 backward tile-table entry for this head dim");
+  static constexpr int kBlockM = kTile.block_m;  // query rows per step
+  static constexpr int kBlockN = kTile.block_n;  // keys per CTA (64 per consumer warpgroup)
+  static_assert(kBlockM == 64 && kBlockN == 128);
   static constexpr int kStages = 2;
   static constexpr int kMmaThreads = 256;
   static constexpr int kThreads = kMmaThreads + 128;
-  static_assert(kHeadDim % 32 == 0, "head dims that are multiples of 32 (tile_table.h: kBwdHdims)");
+  static_assert(kHeadDim % 32 == 0, "head dims that are multiples of 32 (tile_table.h: kBwdTiles)");
 
   using AtomRows = Layout<Shape<_2, _1, _1>>;  // the two consumers split the keys (accumulator rows)
   // S^T = K Q^T and dP^T = V dO^T: (keys, queries, hdim).
@@ -104,6 +107,95 @@ struct BwdKernelParams {
   GmemShape shape_q, shape_do, shape_k, shape_v;
 };
 
+// The CTA's key block (blockIdx: key block, KV head, sequence) and the query blocks the mask policy pairs with it:
+// [m_first, m_last) of every query head of the group, steps = group x that many; full_m, those whose every row
+// sees all of the block's keys (no element mask; asked once, not per step). Shared by both backward kernels.
+struct BwdBlock {
+  int n_block, hk, b, n0, sq, sk, keys, m_first, m_last, steps;
+  detail::SeqInfo seq;
+  detail::MaskPolicy pol;
+  detail::Range full_m;
+};
+
+template <int kBlockM, int kBlockN, bool kMasked>
+CUTE_DEVICE BwdBlock bwd_block(const detail::AttnParams& a, int group) {
+  BwdBlock k;
+  k.n_block = blockIdx.x;
+  k.hk = blockIdx.y;
+  k.b = blockIdx.z;
+  k.seq = detail::sequence(a, k.b);
+  k.sq = static_cast<int>(k.seq.seqlen_q);
+  k.sk = static_cast<int>(k.seq.seqlen_k);
+  k.n0 = k.n_block * kBlockN;
+  // The sequence's key rows: seqused_k may use fewer (sk); the unused ones get dK = dV = 0 (no step runs).
+  k.keys = a.cu_seqlens_k != nullptr ? a.cu_seqlens_k[k.b + 1] - a.cu_seqlens_k[k.b] : static_cast<int>(a.seqlen_k);
+  k.pol = detail::MaskPolicy::make(a, k.seq);
+  k.m_first = 0;
+  k.m_last = k.n0 < k.sk ? (k.sq + kBlockM - 1) / kBlockM : 0;
+  k.full_m = detail::Range{};
+  if constexpr (kMasked) {
+    if (k.n0 < k.sk) {
+      const detail::Range t = k.pol.query_tiles(k.n0, min(kBlockN, k.sk - k.n0), kBlockM);
+      k.m_first = static_cast<int>(t.begin);
+      k.m_last = static_cast<int>(t.end);
+      k.full_m = k.pol.full_query_tiles(k.n0, min(kBlockN, k.sk - k.n0), kBlockM);
+    }
+  }
+  k.steps = group * max(k.m_last - k.m_first, 0);
+  return k;
+}
+
+// The producer's loads (one thread): K and V of the CTA's key block once, then per step (query head g of the
+// group, query block m) Q_m and dO_m by TMA and their rows of lse_log2 and dsum by bulk copies into the next stage
+// of the ring. Shared by both backward kernels (Storage: k, v, q, dout, lse_log2, dsum, barrier_kv).
+template <class Traits, class Storage, class Pipeline>
+CUTE_DEVICE void load_bwd_operands(const BwdKernelParams<Traits>& kp, Storage& ss, Pipeline& pipeline,
+                                   const detail::SeqInfo& seq, int n_block, int hk, int b, int m_first, int m_last) {
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kD = Traits::kHeadDim;
+  const BwdParams& p = kp.p;
+  const int bq = p.a.cu_seqlens_q != nullptr ? 0 : b;
+  Tensor sK = make_tensor(make_smem_ptr(ss.k), typename Traits::SmemLayoutKV{});
+  Tensor sV = make_tensor(make_smem_ptr(ss.v), typename Traits::SmemLayoutKV{});
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q), typename Traits::SmemLayoutQ{});
+  Tensor sdO = make_tensor(make_smem_ptr(ss.dout), typename Traits::SmemLayoutQ{});
+  Tensor mK = domain_offset(make_coord(static_cast<int>(seq.k_row0), _0{}),
+                            kp.tma_k.get_tma_tensor(kp.shape_k)(_, _, hk, bq));
+  Tensor mV = domain_offset(make_coord(static_cast<int>(seq.k_row0), _0{}),
+                            kp.tma_v.get_tma_tensor(kp.shape_v)(_, _, hk, bq));
+  Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kD>>{}, make_coord(n_block, _0{}));
+  Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kD>>{}, make_coord(n_block, _0{}));
+  auto [tKg, tKs] = tma_partition(kp.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+  auto [tVg, tVs] = tma_partition(kp.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+  cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&ss.barrier_kv, Traits::kBytesKV);
+  copy(kp.tma_k.with(ss.barrier_kv, 0), tKg, tKs);
+  copy(kp.tma_v.with(ss.barrier_kv, 0), tVg, tVs);
+  cutlass::PipelineState<Traits::kStages> write = cutlass::make_producer_start_state<Pipeline>();
+  for (int g = 0; g < p.group; ++g) {
+    const int h = hk * p.group + g;
+    const std::int64_t ws_head = ws_row0(p, b, h);
+    Tensor mQ = domain_offset(make_coord(static_cast<int>(seq.q_row0), _0{}),
+                              kp.tma_q.get_tma_tensor(kp.shape_q)(_, _, h, bq));
+    Tensor mdO = domain_offset(make_coord(static_cast<int>(seq.q_row0), _0{}),
+                               kp.tma_do.get_tma_tensor(kp.shape_do)(_, _, h, bq));
+    Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kD>>{}, make_coord(_, _0{}));
+    Tensor gdO = local_tile(mdO, Shape<Int<kBlockM>, Int<kD>>{}, make_coord(_, _0{}));
+    auto [tQg, tQs] = tma_partition(kp.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+    auto [tdOg, tdOs] =
+        tma_partition(kp.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
+    for (int m = m_first; m < m_last; ++m) {
+      pipeline.producer_acquire(write);
+      copy(kp.tma_q.with(*pipeline.producer_get_barrier(write), 0), tQg(_, m), tQs(_, write.index()));
+      copy(kp.tma_do.with(*pipeline.producer_get_barrier(write), 0), tdOg(_, m), tdOs(_, write.index()));
+      const std::int64_t row = ws_head + m * kBlockM;  // 16-byte aligned: slots are block_m aligned
+      SM90_BULK_COPY_G2S::copy(p.lse_log2 + row, pipeline.producer_get_barrier(write), ss.lse_log2[write.index()],
+                               kBlockM * sizeof(float));
+      SM90_BULK_COPY_G2S::copy(p.dsum + row, pipeline.producer_get_barrier(write), ss.dsum[write.index()],
+                               kBlockM * sizeof(float));
+      ++write;
+    }
+  }
+}
+
 // Offset of accumulator element i of thread tidx (0..255) in a query block's dQ workspace: thread-major, four
 // floats per 16-byte reduction (dq_convert_kernel reads it back with the same TiledMmadQ partition).
 CUTE_DEVICE int dq_offset(int i, int tidx) { return (i / 4) * 4 * 256 + 4 * tidx + i % 4; }
@@ -148,25 +240,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
   Pipeline pipeline(ss.pipeline_qdo, pp, Shape<_1, _1, _1>{});
   __syncthreads();
 
-  const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
-  const detail::SeqInfo seq = detail::sequence(a, b);
-  const int sq = static_cast<int>(seq.seqlen_q), sk = static_cast<int>(seq.seqlen_k);
-  const int n0 = n_block * kBlockN;
-  // The sequence's key rows: seqused_k may use fewer (sk); the unused ones get dK = dV = 0 (no step runs).
-  const int keys = a.cu_seqlens_k != nullptr ? a.cu_seqlens_k[b + 1] - a.cu_seqlens_k[b] : static_cast<int>(a.seqlen_k);
-  if (n0 >= keys) return;  // varlen: this sequence is shorter than max_seqlen_k
-  const detail::MaskPolicy pol = detail::MaskPolicy::make(a, seq);
-  int m_first = 0, m_last = n0 < sk ? (sq + kBlockM - 1) / kBlockM : 0;
-  if constexpr (kMasked) {
-    if (n0 < sk) {
-      const detail::Range t = pol.query_tiles(n0, min(kBlockN, sk - n0), kBlockM);
-      m_first = static_cast<int>(t.begin);
-      m_last = static_cast<int>(t.end);
-    }
-  }
-  const int m_blocks = max(m_last - m_first, 0);
-  const int steps = p.group * m_blocks;
-  const int bq = a.cu_seqlens_q != nullptr ? 0 : b;
+  const BwdBlock blk = bwd_block<kBlockM, kBlockN, kMasked>(a, p.group);
+  if (blk.n0 >= blk.keys) return;  // varlen: this sequence is shorter than max_seqlen_k
+  const int n_block = blk.n_block, hk = blk.hk, b = blk.b, sq = blk.sq, sk = blk.sk, n0 = blk.n0;
+  const int m_first = blk.m_first, m_last = blk.m_last, steps = blk.steps;
+  const detail::SeqInfo& seq = blk.seq;
+  const detail::MaskPolicy& pol = blk.pol;
 
   Tensor sK = make_tensor(make_smem_ptr(ss.k), typename Traits::SmemLayoutKV{});
   Tensor sV = make_tensor(make_smem_ptr(ss.v), typename Traits::SmemLayoutKV{});
@@ -178,42 +257,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
     // 256 x (240 - 168). With more here, setmaxnreg.inc would wait for ever.
     cutlass::arch::warpgroup_reg_dealloc<24>();
     if (warp == 0 && lane_leader && steps > 0) {
-      Tensor mK = domain_offset(make_coord(static_cast<int>(seq.k_row0), _0{}),
-                                kp.tma_k.get_tma_tensor(kp.shape_k)(_, _, hk, bq));
-      Tensor mV = domain_offset(make_coord(static_cast<int>(seq.k_row0), _0{}),
-                                kp.tma_v.get_tma_tensor(kp.shape_v)(_, _, hk, bq));
-      Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kD>>{}, make_coord(n_block, _0{}));
-      Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kD>>{}, make_coord(n_block, _0{}));
-      auto [tKg, tKs] = tma_partition(kp.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
-      auto [tVg, tVs] = tma_partition(kp.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
-      cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&ss.barrier_kv, Traits::kBytesKV);
-      copy(kp.tma_k.with(ss.barrier_kv, 0), tKg, tKs);
-      copy(kp.tma_v.with(ss.barrier_kv, 0), tVg, tVs);
-      cutlass::PipelineState<Traits::kStages> write = cutlass::make_producer_start_state<Pipeline>();
-      for (int g = 0; g < p.group; ++g) {
-        const int h = hk * p.group + g;
-        const std::int64_t ws_head = ws_row0(p, b, h);
-        Tensor mQ = domain_offset(make_coord(static_cast<int>(seq.q_row0), _0{}),
-                                  kp.tma_q.get_tma_tensor(kp.shape_q)(_, _, h, bq));
-        Tensor mdO = domain_offset(make_coord(static_cast<int>(seq.q_row0), _0{}),
-                                   kp.tma_do.get_tma_tensor(kp.shape_do)(_, _, h, bq));
-        Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kD>>{}, make_coord(_, _0{}));
-        Tensor gdO = local_tile(mdO, Shape<Int<kBlockM>, Int<kD>>{}, make_coord(_, _0{}));
-        auto [tQg, tQs] = tma_partition(kp.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-        auto [tdOg, tdOs] =
-            tma_partition(kp.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
-        for (int m = m_first; m < m_last; ++m) {
-          pipeline.producer_acquire(write);
-          copy(kp.tma_q.with(*pipeline.producer_get_barrier(write), 0), tQg(_, m), tQs(_, write.index()));
-          copy(kp.tma_do.with(*pipeline.producer_get_barrier(write), 0), tdOg(_, m), tdOs(_, write.index()));
-          const std::int64_t row = ws_head + m * kBlockM;  // 16-byte aligned: slots are block_m aligned
-          SM90_BULK_COPY_G2S::copy(p.lse_log2 + row, pipeline.producer_get_barrier(write), ss.lse_log2[write.index()],
-                                   kBlockM * sizeof(float));
-          SM90_BULK_COPY_G2S::copy(p.dsum + row, pipeline.producer_get_barrier(write), ss.dsum[write.index()],
-                                   kBlockM * sizeof(float));
-          ++write;
-        }
-      }
+      load_bwd_operands(kp, ss, pipeline, seq, n_block, hk, b, m_first, m_last);
     } else if (warp == 1 && steps > 0) {
       // The dQ writer: each step's dQ block from shared memory to the fp32 workspace in one bulk reduction; in
       // deterministic mode after the key blocks before this one have added theirs (a turn counter per block). It
@@ -293,10 +337,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
   TileHook hook;
   const float scale_log2 = kHooks ? 1.4426950408889634f : p.scale_log2;
 
-  // Query blocks whose every row sees all of this CTA's keys: no element mask (asked once, not per step).
-  detail::Range full_m{};
-  if constexpr (kMasked)
-    if (n0 < sk) full_m = pol.full_query_tiles(n0, min(kBlockN, sk - n0), kBlockM);
+  const detail::Range full_m = blk.full_m;
   if (steps > 0) cutlass::arch::ClusterTransactionBarrier::wait(&ss.barrier_kv, 0);
   cutlass::PipelineState<Traits::kStages> read;
   int buf = 0;   // dS buffer
@@ -420,7 +461,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
                    hk * a.dk_stride.head;
   Element* dv_bh = static_cast<Element*>(a.dv) + b * a.dv_stride.batch + (seq.k_row0 + n0) * a.dv_stride.row +
                    hk * a.dv_stride.head;
-  const int rows = min(kBlockN, keys - n0);
+  const int rows = min(kBlockN, blk.keys - n0);
   Staged::store(s_dk, dk_bh, a.dk_stride.row, rows, static_cast<int>(a.hdim), tidx, Traits::kMmaThreads);
   Staged::store(s_dv, dv_bh, a.dv_stride.row, rows, static_cast<int>(a.hdim_v), tidx, Traits::kMmaThreads);
 #endif

@@ -1,11 +1,13 @@
 // Host-side launcher of the sm90 backward (included by the generated instance files only): [clear the
 // deterministic turn counters] -> preprocess (dsum,
 // lse_log2, dq_accum cleared; sm80's kernel, with this path's block_m) -> [sink gradient] -> main kernel -> dQ
-// conversion. TMA descriptors are built per call on the host, as in the forward.
+// conversion. TMA descriptors are built per call on the host, as in the forward. The kernel is bwd_kernel.h's or,
+// for the tile table's wide entries, bwd_wide_kernel.h's.
 #pragma once
 
 #include "sm80/bwd_aux.h"  // bwd_preprocess_kernel, sink_grad_kernel (generic over the slot layout)
 #include "sm90/bwd_kernel.h"
+#include "sm90/bwd_wide_kernel.h"
 #include "sm90/fwd_launch.h"  // gmem_view
 #include "sm90/launch.h"
 
@@ -13,7 +15,8 @@ namespace flashtile::cuda::sm90 {
 
 template <class Element, int kHeadDim, class V>
 cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
-  using Traits = BwdTraits<Element, kHeadDim>;
+  constexpr bool kWide = bwd_tile(kHeadDim).wide;
+  using Traits = std::conditional_t<kWide, BwdWideTraits<Element, kHeadDim>, BwdTraits<Element, kHeadDim>>;
   const detail::AttnParams& a = p.a;
   if (p.block_m != Traits::kBlockM || p.hdim_pad != kHeadDim) return cudaErrorInvalidValue;
   const auto batch = static_cast<unsigned>(a.batch), heads_q = static_cast<unsigned>(a.heads_q);
@@ -49,7 +52,10 @@ cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
     kp.tma_do = make_tma_copy(SM90_TMA_LOAD{}, mdO, take<0, 2>(typename Traits::SmemLayoutQ{}), QTile{}, _1{});
     kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, mK, typename Traits::SmemLayoutKV{}, KTile{}, _1{});
     kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, mV, typename Traits::SmemLayoutKV{}, KTile{}, _1{});
-    auto kernel = bwd_kernel<Traits, V>;
+    auto kernel = [] {
+      if constexpr (kWide) return bwd_wide_kernel<Traits, V>;
+      else return bwd_kernel<Traits, V>;
+    }();
     constexpr int smem = Traits::kSmemBytes;
     if ((e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) != cudaSuccess) return e;
     kernel<<<grid, Traits::kThreads, smem, stream>>>(kp);

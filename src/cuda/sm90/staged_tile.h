@@ -27,6 +27,12 @@ struct StagedTile {
     x[1] = Element(x1);
     *reinterpret_cast<cutlass::Array<Element, 2>*>(s + row * kPitch + col) = x;
   }
+  // Two adjacent rows of one column (an accumulator of the transposed tile: its pairs run along our rows).
+  template <class Element>
+  CUTE_DEVICE static void put_column(Element* s, int row, int col, float x0, float x1) {
+    s[row * kPitch + col] = Element(x0);
+    s[(row + 1) * kPitch + col] = Element(x1);
+  }
   // Rows below `rows` and columns below `cols` (a multiple of 8: checks.cpp) to dst (16-byte aligned rows).
   template <class Element>
   CUTE_DEVICE static void store(const Element* s, Element* dst, std::int64_t row_stride, int rows, int cols,

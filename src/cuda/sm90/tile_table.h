@@ -22,15 +22,35 @@ inline constexpr FwdTile kFwdTiles[] = {
 
 inline constexpr int kHdimBuckets[] = {64, 96, 128, 192, 256};
 
-// The buckets the sm90 backward is built for (scripts/generate_cuda_instances.py: SM90_BWD_HDIMS): BwdTraits keeps
-// K, V, dK and dV of 128 keys on chip, which holds at hdim <= 128; 192 and 256 run on cuda-sm80.
-inline constexpr int kBwdHdims[] = {64, 96, 128};
+// The backward's tiles, one entry per kernel head dim. `wide`: bwd_wide_kernel.h (dK, dV transposed, the consumer
+// warpgroups splitting the head dim), else bwd_kernel.h (the keys are the rows of every accumulator, 64 per
+// consumer, each holding dK and dV over the whole head dim: 2 x 64 x hdim / 128 floats, 256 registers at 256).
+struct BwdTile {
+  int hdim, block_m, block_n;
+  bool wide;
+  const char* why;
+};
 
-constexpr bool has_bwd(int bucket) {
-  for (int b : kBwdHdims)
-    if (b == bucket) return true;
-  return false;
+inline constexpr BwdTile kBwdTiles[] = {
+    {64, 64, 128, false, "dK, dV 2 x 32 regs + S^T, dP^T 2 x 32"},
+    {96, 64, 128, false, "dK, dV 2 x 48 regs + S^T, dP^T 2 x 32"},
+    {128, 64, 128, false, "dK, dV 2 x 64 regs + S^T, dP^T 2 x 32; 160 KB smem with dQ's staging"},
+    {256, 64, 64, true,
+     "dK^T, dV^T 2 x 64 regs + dQ 64; K, V 2 x 32 KB + Q, dO 2 x 2 x 32 KB + P, dS 2 x 2 x 8 KB = 224 KB smem"},
+};
+
+// The backward kernel's head dim for a forward bucket: 192 runs the 256 kernel, padded (TMA reads zeros past
+// the head dim, the stores stop at it): with two consumer warpgroups the head dim splits in 64-row wgmma blocks,
+// and 192 has three.
+constexpr int bwd_hdim(int bucket) { return bucket == 192 ? 256 : bucket; }
+
+constexpr BwdTile bwd_tile(int hdim) {
+  for (const BwdTile& t : kBwdTiles)
+    if (t.hdim == hdim) return t;
+  return {0, 0, 0, false, nullptr};
 }
+
+constexpr bool has_bwd(int bucket) { return bwd_tile(bwd_hdim(bucket)).hdim != 0; }
 
 // The smallest bucket that holds d (d <= 256), or 0.
 constexpr int hdim_bucket(int d) {
