@@ -34,7 +34,7 @@ struct BwdTraits {
   static_assert(kTile.hdim == kHeadDim_ && !kTile.wide, "no sm90 backward tile-table entry for this head dim");
   static constexpr int kBlockM = kTile.block_m;  // query rows per step
   static constexpr int kBlockN = kTile.block_n;  // keys per CTA (64 per consumer warpgroup)
-  static_assert(kBlockM == 64 && kBlockN == 128);
+  static_assert((kBlockM == 64 || kBlockM == 128) && kBlockN == 128);
   static constexpr int kStages = 2;
   static constexpr int kMmaThreads = 256;
   static constexpr int kThreads = kMmaThreads + 128;
@@ -75,6 +75,11 @@ struct BwdTraits {
       SmemLayoutdS{}, make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>, _2>{}, Step<_2, _1, _3>{})));
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+  // dO travels in Q's ring (load_bwd_operands: kSeparateDo).
+  static constexpr bool kSeparateDo = false;
+  static constexpr int kStagesDo = kStages;
+  using SmemLayoutdO = SmemLayoutQ;
+  using PipelineDo = Pipeline;
   struct SharedStorage {
     alignas(1024) Element k[cosize_v<SmemLayoutKV>];
     alignas(1024) Element v[cosize_v<SmemLayoutKV>];
@@ -147,17 +152,19 @@ CUTE_DEVICE BwdBlock bwd_block(const detail::AttnParams& a, int group) {
 
 // The producer's loads (one thread): K and V of the CTA's key block once, then per step (query head g of the
 // group, query block m) Q_m and dO_m by TMA and their rows of lse_log2 and dsum by bulk copies into the next stage
-// of the ring. Shared by both backward kernels (Storage: k, v, q, dout, lse_log2, dsum, barrier_kv).
-template <class Traits, class Storage, class Pipeline>
+// of the ring; with Traits::kSeparateDo, dO_m into its own ring (pipeline_do), which the consumers free as soon as
+// dO's last product is done. Shared by both backward kernels (Storage: k, v, q, dout, lse_log2, dsum, barrier_kv).
+template <class Traits, class Storage, class Pipeline, class PipelineDo>
 CUTE_DEVICE void load_bwd_operands(const BwdKernelParams<Traits>& kp, Storage& ss, Pipeline& pipeline,
-                                   const detail::SeqInfo& seq, int n_block, int hk, int b, int m_first, int m_last) {
+                                   PipelineDo& pipeline_do, const detail::SeqInfo& seq, int n_block, int hk, int b,
+                                   int m_first, int m_last) {
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kD = Traits::kHeadDim;
   const BwdParams& p = kp.p;
   const int bq = p.a.cu_seqlens_q != nullptr ? 0 : b;
   Tensor sK = make_tensor(make_smem_ptr(ss.k), typename Traits::SmemLayoutKV{});
   Tensor sV = make_tensor(make_smem_ptr(ss.v), typename Traits::SmemLayoutKV{});
   Tensor sQ = make_tensor(make_smem_ptr(ss.q), typename Traits::SmemLayoutQ{});
-  Tensor sdO = make_tensor(make_smem_ptr(ss.dout), typename Traits::SmemLayoutQ{});
+  Tensor sdO = make_tensor(make_smem_ptr(ss.dout), typename Traits::SmemLayoutdO{});
   Tensor mK = domain_offset(make_coord(static_cast<int>(seq.k_row0), _0{}),
                             kp.tma_k.get_tma_tensor(kp.shape_k)(_, _, hk, bq));
   Tensor mV = domain_offset(make_coord(static_cast<int>(seq.k_row0), _0{}),
@@ -170,6 +177,7 @@ CUTE_DEVICE void load_bwd_operands(const BwdKernelParams<Traits>& kp, Storage& s
   copy(kp.tma_k.with(ss.barrier_kv, 0), tKg, tKs);
   copy(kp.tma_v.with(ss.barrier_kv, 0), tVg, tVs);
   cutlass::PipelineState<Traits::kStages> write = cutlass::make_producer_start_state<Pipeline>();
+  cutlass::PipelineState<Traits::kStagesDo> write_do = cutlass::make_producer_start_state<PipelineDo>();
   for (int g = 0; g < p.group; ++g) {
     const int h = hk * p.group + g;
     const std::int64_t ws_head = ws_row0(p, b, h);
@@ -185,13 +193,19 @@ CUTE_DEVICE void load_bwd_operands(const BwdKernelParams<Traits>& kp, Storage& s
     for (int m = m_first; m < m_last; ++m) {
       pipeline.producer_acquire(write);
       copy(kp.tma_q.with(*pipeline.producer_get_barrier(write), 0), tQg(_, m), tQs(_, write.index()));
-      copy(kp.tma_do.with(*pipeline.producer_get_barrier(write), 0), tdOg(_, m), tdOs(_, write.index()));
+      if constexpr (!Traits::kSeparateDo)
+        copy(kp.tma_do.with(*pipeline.producer_get_barrier(write), 0), tdOg(_, m), tdOs(_, write.index()));
       const std::int64_t row = ws_head + m * kBlockM;  // 16-byte aligned: slots are block_m aligned
       SM90_BULK_COPY_G2S::copy(p.lse_log2 + row, pipeline.producer_get_barrier(write), ss.lse_log2[write.index()],
                                kBlockM * sizeof(float));
       SM90_BULK_COPY_G2S::copy(p.dsum + row, pipeline.producer_get_barrier(write), ss.dsum[write.index()],
                                kBlockM * sizeof(float));
       ++write;
+      if constexpr (Traits::kSeparateDo) {
+        pipeline_do.producer_acquire(write_do);
+        copy(kp.tma_do.with(*pipeline_do.producer_get_barrier(write_do), 0), tdOg(_, m), tdOs(_, write_do.index()));
+        ++write_do;
+      }
     }
   }
 }
@@ -257,7 +271,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
     // 256 x (240 - 168). With more here, setmaxnreg.inc would wait for ever.
     cutlass::arch::warpgroup_reg_dealloc<24>();
     if (warp == 0 && lane_leader && steps > 0) {
-      load_bwd_operands(kp, ss, pipeline, seq, n_block, hk, b, m_first, m_last);
+      load_bwd_operands(kp, ss, pipeline, pipeline, seq, n_block, hk, b, m_first, m_last);
     } else if (warp == 1 && steps > 0) {
       // The dQ writer: each step's dQ block from shared memory to the fp32 workspace in one bulk reduction; in
       // deterministic mode after the key blocks before this one have added theirs (a turn counter per block). It

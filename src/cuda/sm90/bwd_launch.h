@@ -49,7 +49,7 @@ cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
     using QTile = Shape<Int<Traits::kBlockM>, Int<kHeadDim>>;
     using KTile = Shape<Int<Traits::kBlockN>, Int<kHeadDim>>;
     kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, mQ, take<0, 2>(typename Traits::SmemLayoutQ{}), QTile{}, _1{});
-    kp.tma_do = make_tma_copy(SM90_TMA_LOAD{}, mdO, take<0, 2>(typename Traits::SmemLayoutQ{}), QTile{}, _1{});
+    kp.tma_do = make_tma_copy(SM90_TMA_LOAD{}, mdO, take<0, 2>(typename Traits::SmemLayoutdO{}), QTile{}, _1{});
     kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, mK, typename Traits::SmemLayoutKV{}, KTile{}, _1{});
     kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, mV, typename Traits::SmemLayoutKV{}, KTile{}, _1{});
     auto kernel = [] {

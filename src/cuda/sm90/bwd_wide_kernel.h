@@ -30,7 +30,9 @@ struct BwdWideTraits {
   static_assert(kTile.hdim == kHeadDim_ && kTile.wide, "no wide sm90 backward tile-table entry for this head dim");
   static constexpr int kBlockM = kTile.block_m;  // query rows per step
   static constexpr int kBlockN = kTile.block_n;  // keys per CTA
-  static constexpr int kStages = 2;
+  static constexpr int kStages = 2;     // Q's ring (with lse_log2, dsum)
+  static constexpr int kStagesDo = kTile.stages_do;  // dO's ring: its own, freed after dV's product
+  static constexpr bool kSeparateDo = true;
   static constexpr int kMmaThreads = 256;
   static constexpr int kThreads = kMmaThreads + 128;
   static_assert(kBlockM == 64 && kHeadDim % 128 == 0 && kBlockN % 16 == 0);
@@ -55,9 +57,12 @@ struct BwdWideTraits {
   using SmemAtom = decltype(smem_atom_k_major<Element, kHeadDim>());
   using SmemLayoutKV = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
   using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
+  using SmemLayoutdO = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStagesDo>>{}));
   // Q^T, dO^T (hdim x queries x stages) over Q's / dO's buffers: A operands of dK^T, dV^T.
   using SmemLayoutQt = decltype(composition(
       SmemLayoutQ{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockM>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+  using SmemLayoutdOt = decltype(composition(
+      SmemLayoutdO{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockM>, Int<kStagesDo>>{}, Step<_2, _1, _3>{})));
   // K^T (hdim x keys) over K's buffer: B operand of dQ.
   using SmemLayoutKt =
       decltype(composition(SmemLayoutKV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, Step<_2, _1>{})));
@@ -68,18 +73,23 @@ struct BwdWideTraits {
   using SmemLayoutP = decltype(composition(
       SmemLayoutPt{}, make_ordered_layout(Shape<Int<kBlockM>, Int<kBlockN>, _2>{}, Step<_2, _1, _3>{})));
 
+  // stmatrix of four 8x8 blocks where a warpgroup's keys come in 16s, else of two (40 keys at kBlockN = 80).
+  using StoreAtom = std::conditional_t<(kBlockN / 2) % 16 == 0, SM90_U16x8_STSM_T, SM90_U16x4_STSM_T>;
+
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+  using PipelineDo = cutlass::PipelineTmaAsync<kStagesDo>;
   struct SharedStorage {
     alignas(1024) Element k[cosize_v<SmemLayoutKV>];
     alignas(1024) Element v[cosize_v<SmemLayoutKV>];
     alignas(1024) Element q[cosize_v<SmemLayoutQ>];
-    alignas(1024) Element dout[cosize_v<SmemLayoutQ>];
+    alignas(1024) Element dout[cosize_v<SmemLayoutdO>];
     alignas(1024) Element p[cosize_v<SmemLayoutPt>];
     alignas(1024) Element ds[cosize_v<SmemLayoutPt>];
     alignas(16) float lse_log2[kStages][kBlockM];  // the step's rows of the workspace, loaded with Q and dO
     alignas(16) float dsum[kStages][kBlockM];
     alignas(16) uint64_t barrier_kv;
-    typename Pipeline::SharedStorage pipeline_qdo;
+    typename Pipeline::SharedStorage pipeline_q;
+    typename PipelineDo::SharedStorage pipeline_do;
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "the wide backward's tiles exceed the 227 KB a block may have");
@@ -90,7 +100,8 @@ struct BwdWideTraits {
                                       Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
   using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutKV{},
                                        Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
-  static constexpr uint32_t kBytesQdO = 2 * kBlockM * kHeadDim * sizeof(Element) + 2 * kBlockM * sizeof(float);
+  static constexpr uint32_t kBytesQ = kBlockM * kHeadDim * sizeof(Element) + 2 * kBlockM * sizeof(float);
+  static constexpr uint32_t kBytesdO = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kBytesKV = 2 * kBlockN * kHeadDim * sizeof(Element);
 };
 
@@ -121,12 +132,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int warpgroup = cutlass::canonical_warp_group_idx();
   const bool lane_leader = cute::elect_one_sync();
   if (warp == 0 && lane_leader) cutlass::arch::ClusterTransactionBarrier::init(&ss.barrier_kv, 1);
+  using PipelineDo = typename Traits::PipelineDo;
   typename Pipeline::Params pp;
-  pp.transaction_bytes = Traits::kBytesQdO;
+  pp.transaction_bytes = Traits::kBytesQ;
   pp.role = warpgroup == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
   pp.is_leader = threadIdx.x == 0;
   pp.num_consumers = Traits::kMmaThreads;
-  Pipeline pipeline(ss.pipeline_qdo, pp, Shape<_1, _1, _1>{});
+  Pipeline pipeline(ss.pipeline_q, pp, Shape<_1, _1, _1>{});
+  typename PipelineDo::Params pp_do;
+  pp_do.transaction_bytes = Traits::kBytesdO;
+  pp_do.role = warpgroup == 0 ? PipelineDo::ThreadCategory::Producer : PipelineDo::ThreadCategory::Consumer;
+  pp_do.is_leader = threadIdx.x == 0;
+  pp_do.num_consumers = Traits::kMmaThreads;
+  PipelineDo pipeline_do(ss.pipeline_do, pp_do, Shape<_1, _1, _1>{});
   __syncthreads();
 
   const BwdBlock blk = bwd_block<kBlockM, kBlockN, kMasked>(a, p.group);
@@ -136,7 +154,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();  // 128 x (168 - 24) = 256 x (240 - 168)
     if (warp == 0 && lane_leader && blk.steps > 0)
-      load_bwd_operands(kp, ss, pipeline, blk.seq, n_block, hk, b, blk.m_first, blk.m_last);
+      load_bwd_operands(kp, ss, pipeline, pipeline_do, blk.seq, n_block, hk, b, blk.m_first, blk.m_last);
     return;
   }
 
@@ -151,9 +169,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Tensor sK = make_tensor(make_smem_ptr(ss.k), typename Traits::SmemLayoutKV{});
   Tensor sV = make_tensor(make_smem_ptr(ss.v), typename Traits::SmemLayoutKV{});
   Tensor sQ = make_tensor(make_smem_ptr(ss.q), typename Traits::SmemLayoutQ{});
-  Tensor sdO = make_tensor(make_smem_ptr(ss.dout), typename Traits::SmemLayoutQ{});
+  Tensor sdO = make_tensor(make_smem_ptr(ss.dout), typename Traits::SmemLayoutdO{});
   Tensor sQt = make_tensor(make_smem_ptr(ss.q), typename Traits::SmemLayoutQt{});
-  Tensor sdOt = make_tensor(make_smem_ptr(ss.dout), typename Traits::SmemLayoutQt{});
+  Tensor sdOt = make_tensor(make_smem_ptr(ss.dout), typename Traits::SmemLayoutdOt{});
   Tensor sKt = make_tensor(make_smem_ptr(ss.k), typename Traits::SmemLayoutKt{});
   Tensor sPt = make_tensor(make_smem_ptr(ss.p), typename Traits::SmemLayoutPt{});
   Tensor sP = make_tensor(make_smem_ptr(ss.p), typename Traits::SmemLayoutP{});
@@ -172,7 +190,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);     // hdim (this warpgroup's half) x keys
 
   // P^T and dS^T leave the registers through stmatrix, transposing 8x8 blocks of 16-bit values (as bwd_kernel.h).
-  auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U16x8_STSM_T, Element>{}, mma_sdp);
+  auto r2s = make_tiled_copy_C(Copy_Atom<typename Traits::StoreAtom, Element>{}, mma_sdp);
   auto r2s_thr = r2s.get_thread_slice(tidx);
   Tensor tPsP = r2s_thr.partition_D(sP);
   Tensor tdSsdS = r2s_thr.partition_D(sdS);
@@ -191,6 +209,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   if (blk.steps > 0) cutlass::arch::ClusterTransactionBarrier::wait(&ss.barrier_kv, 0);
   cutlass::PipelineState<Traits::kStages> read;
+  cutlass::PipelineState<Traits::kStagesDo> read_do;
   int buf = 0;  // P / dS buffer
   for (int g = 0; g < p.group && blk.steps > 0; ++g) {
     const int h = hk * p.group + g;
@@ -199,12 +218,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #pragma unroll 1
     for (int m = blk.m_first; m < blk.m_last; ++m) {
       const int m0 = m * kBlockM;
-      const int stage = read.index();
+      const int stage = read.index(), stage_do = read_do.index();
       pipeline.consumer_wait(read);
+      pipeline_do.consumer_wait(read_do);
       Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
       Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
       wg_gemm<true, -1>(mma_sdp, tSrQ(_, _, _, stage), tSrK, acc_s);
-      wg_gemm<true, -1>(mma_sdp, tdPrdO(_, _, _, stage), tdPrV, acc_dp);
+      wg_gemm<true, -1>(mma_sdp, tdPrdO(_, _, _, stage_do), tdPrV, acc_dp);
       Tensor s_rc = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
       Tensor dp_rc = make_tensor(acc_dp.data(), acc_rowcol(acc_dp.layout()));
       const bool mask_tile = n0 + kBlockN > sk || (kMasked && (m < full_m.begin || m >= full_m.end));
@@ -255,12 +275,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         warpgroup_wait<0>();
         probabilities_of(cute::true_type{});
         publish(acc_s, tPsP, kWidePBarrier);
-        wg_gemm<false, -1>(mma_dkv, tdVrdOt(_, _, _, stage), tdVrP(_, _, _, buf), acc_dv);
+        wg_gemm<false, -1>(mma_dkv, tdVrdOt(_, _, _, stage_do), tdVrP(_, _, _, buf), acc_dv);
       } else {
         warpgroup_wait<1>();  // S is in; dP's product may still run
         probabilities_of(cute::false_type{});
         publish(acc_s, tPsP, kWidePBarrier);
-        wg_gemm<false, -1>(mma_dkv, tdVrdOt(_, _, _, stage), tdVrP(_, _, _, buf), acc_dv);
+        wg_gemm<false, -1>(mma_dkv, tdVrdOt(_, _, _, stage_do), tdVrP(_, _, _, buf), acc_dv);
         warpgroup_wait<1>();  // dP is in; dV's product may still run
         CUTE_UNROLL
         for (int mi = 0; mi < size<0>(s_rc); ++mi) {
@@ -273,8 +293,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       wg_gemm<false, -1>(mma_dkv, tdKrQt(_, _, _, stage), tdKrdS(_, _, _, buf), acc_dk);
       Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kD>>{});
       wg_gemm<true, -1>(mma_dq, tdQrdS(_, _, _, buf), tdQrKt, acc_dq);
-      warpgroup_wait<0>();              // dV, dK, dQ
-      pipeline.consumer_release(read);  // Q_m, dO_m no longer read
+      warpgroup_wait<2>();                    // dV (dK, dQ may still run)
+      pipeline_do.consumer_release(read_do);  // dO_m no longer read: the producer may load the next
+      ++read_do;
+      warpgroup_wait<0>();              // dK, dQ
+      pipeline.consumer_release(read);  // Q_m no longer read
       ++read;
       buf ^= 1;
       // dQ into the workspace (thread-major 16-byte groups, dq_offset: dq_convert_kernel's order); in deterministic
