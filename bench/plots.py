@@ -25,6 +25,7 @@ STYLE = {
     "flashtile": ("FlashTile", "C0", "-"),
     "sm90": ("FlashTile cuda-sm90", "C4", "-"),
     "flashtile_det": ("FlashTile deterministic", "C0", ":"),
+    "sm90_det": ("FlashTile cuda-sm90 deterministic", "C4", ":"),
     "torch_flash": ("torch SDPA, CPU flash kernel", "C1", "-"),
     "flash": ("torch SDPA flash", "C1", "-"),
     "efficient": ("torch SDPA efficient", "C2", "-"),
