@@ -150,6 +150,46 @@ CUTE_DEVICE BwdBlock bwd_block(const detail::AttnParams& a, int group) {
   return k;
 }
 
+// Deterministic mode: the turn of this CTA's key block in query block m0's counter, i.e. the key blocks of that query
+// block's key range (the mask policy's key_tiles) before this one; wait_for_turn spins until the counter shows it.
+template <int kBlockM, int kBlockN, bool kMasked>
+CUTE_DEVICE int dq_turn(const BwdBlock& blk, int m0) {
+  int turn = blk.n_block;
+  if constexpr (kMasked) turn -= static_cast<int>(blk.pol.key_tiles(m0, min(kBlockM, blk.sq - m0), kBlockN).begin);
+  return turn;
+}
+CUTE_DEVICE void wait_for_turn(const int* turns, int turn) {
+  int seen;
+  do {
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(turns) : "memory");
+  } while (seen != turn);
+}
+
+// The parameters of a backward ring (Q and dO, or one of them): `bytes` per stage, one producer warpgroup (0).
+template <class Pipeline>
+CUTE_DEVICE typename Pipeline::Params bwd_ring_params(uint32_t bytes, int warpgroup, int consumers) {
+  typename Pipeline::Params pp;
+  pp.transaction_bytes = bytes;
+  pp.role = warpgroup == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
+  pp.is_leader = threadIdx.x == 0;
+  pp.num_consumers = consumers;
+  return pp;
+}
+
+// dK (already scaled) and dV of the CTA's keys, staged as (keys x hdim) tiles at s_dk and s_dv, to global memory:
+// the rows below the sequence's key count, the columns below hdim (hdim_v).
+template <class Staged, class Element>
+CUTE_DEVICE void store_dk_dv(const detail::AttnParams& a, const BwdBlock& blk, const Element* s_dk, const Element* s_dv,
+                             int rows_max, int tidx, int threads) {
+  Element* dk_bh = static_cast<Element*>(a.dk) + blk.b * a.dk_stride.batch +
+                   (blk.seq.k_row0 + blk.n0) * a.dk_stride.row + blk.hk * a.dk_stride.head;
+  Element* dv_bh = static_cast<Element*>(a.dv) + blk.b * a.dv_stride.batch +
+                   (blk.seq.k_row0 + blk.n0) * a.dv_stride.row + blk.hk * a.dv_stride.head;
+  const int rows = min(rows_max, blk.keys - blk.n0);
+  Staged::store(s_dk, dk_bh, a.dk_stride.row, rows, static_cast<int>(a.hdim), tidx, threads);
+  Staged::store(s_dv, dv_bh, a.dv_stride.row, rows, static_cast<int>(a.hdim_v), tidx, threads);
+}
+
 // The producer's loads (one thread): K and V of the CTA's key block once, then per step (query head g of the
 // group, query block m) Q_m and dO_m by TMA and their rows of lse_log2 and dsum by bulk copies into the next stage
 // of the ring; with Traits::kSeparateDo, dO_m into its own ring (pipeline_do), which the consumers free as soon as
@@ -246,17 +286,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
   const int warpgroup = cutlass::canonical_warp_group_idx();
   const bool lane_leader = cute::elect_one_sync();
   if (warp == 0 && lane_leader) cutlass::arch::ClusterTransactionBarrier::init(&ss.barrier_kv, 1);
-  typename Pipeline::Params pp;
-  pp.transaction_bytes = Traits::kBytesQdO;
-  pp.role = warpgroup == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
-  pp.is_leader = threadIdx.x == 0;
-  pp.num_consumers = Traits::kMmaThreads;
-  Pipeline pipeline(ss.pipeline_qdo, pp, Shape<_1, _1, _1>{});
+  Pipeline pipeline(ss.pipeline_qdo, bwd_ring_params<Pipeline>(Traits::kBytesQdO, warpgroup, Traits::kMmaThreads),
+                    Shape<_1, _1, _1>{});
   __syncthreads();
 
   const BwdBlock blk = bwd_block<kBlockM, kBlockN, kMasked>(a, p.group);
   if (blk.n0 >= blk.keys) return;  // varlen: this sequence is shorter than max_seqlen_k
-  const int n_block = blk.n_block, hk = blk.hk, b = blk.b, sq = blk.sq, sk = blk.sk, n0 = blk.n0;
+  const int n_block = blk.n_block, hk = blk.hk, b = blk.b, sk = blk.sk, n0 = blk.n0;
   const int m_first = blk.m_first, m_last = blk.m_last, steps = blk.steps;
   const detail::SeqInfo& seq = blk.seq;
   const detail::MaskPolicy& pol = blk.pol;
@@ -285,14 +321,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
           cutlass::arch::NamedBarrier::sync(kDqThreads, kDqFull);
           if (lane_leader) {
             int* turns = a.deterministic ? p.dq_semaphore + (ws_head + m0) / kBlockM : nullptr;
-            if (turns != nullptr) {
-              int turn = n_block;  // the key blocks that add before this one
-              if constexpr (kMasked) turn -= static_cast<int>(pol.key_tiles(m0, min(kBlockM, sq - m0), kBlockN).begin);
-              int seen;
-              do {
-                asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(turns) : "memory");
-              } while (seen != turn);
-            }
+            if (turns != nullptr) wait_for_turn(turns, dq_turn<kBlockM, kBlockN, kMasked>(blk, m0));
             bulk_reduce_add(p.dq_accum + (ws_head + m0) * kD, ss.dq, kBlockM * kD * int(sizeof(float)));
             tma_store_arrive();
             if (turns != nullptr) {  // this block's sums complete and visible before the next key block's turn
@@ -471,13 +500,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(const __grid_c
     Staged::put(s_dv, row, col, acc_dv(i), acc_dv(i + 1));
   }
   cutlass::arch::NamedBarrier::sync(Traits::kMmaThreads, 1);
-  Element* dk_bh = static_cast<Element*>(a.dk) + b * a.dk_stride.batch + (seq.k_row0 + n0) * a.dk_stride.row +
-                   hk * a.dk_stride.head;
-  Element* dv_bh = static_cast<Element*>(a.dv) + b * a.dv_stride.batch + (seq.k_row0 + n0) * a.dv_stride.row +
-                   hk * a.dv_stride.head;
-  const int rows = min(kBlockN, blk.keys - n0);
-  Staged::store(s_dk, dk_bh, a.dk_stride.row, rows, static_cast<int>(a.hdim), tidx, Traits::kMmaThreads);
-  Staged::store(s_dv, dv_bh, a.dv_stride.row, rows, static_cast<int>(a.hdim_v), tidx, Traits::kMmaThreads);
+  store_dk_dv<Staged>(a, blk, s_dk, s_dv, kBlockN, tidx, Traits::kMmaThreads);
 #endif
 }
 

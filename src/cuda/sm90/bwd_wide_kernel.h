@@ -133,23 +133,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const bool lane_leader = cute::elect_one_sync();
   if (warp == 0 && lane_leader) cutlass::arch::ClusterTransactionBarrier::init(&ss.barrier_kv, 1);
   using PipelineDo = typename Traits::PipelineDo;
-  typename Pipeline::Params pp;
-  pp.transaction_bytes = Traits::kBytesQ;
-  pp.role = warpgroup == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
-  pp.is_leader = threadIdx.x == 0;
-  pp.num_consumers = Traits::kMmaThreads;
-  Pipeline pipeline(ss.pipeline_q, pp, Shape<_1, _1, _1>{});
-  typename PipelineDo::Params pp_do;
-  pp_do.transaction_bytes = Traits::kBytesdO;
-  pp_do.role = warpgroup == 0 ? PipelineDo::ThreadCategory::Producer : PipelineDo::ThreadCategory::Consumer;
-  pp_do.is_leader = threadIdx.x == 0;
-  pp_do.num_consumers = Traits::kMmaThreads;
-  PipelineDo pipeline_do(ss.pipeline_do, pp_do, Shape<_1, _1, _1>{});
+  Pipeline pipeline(ss.pipeline_q, bwd_ring_params<Pipeline>(Traits::kBytesQ, warpgroup, Traits::kMmaThreads),
+                    Shape<_1, _1, _1>{});
+  PipelineDo pipeline_do(ss.pipeline_do,
+                         bwd_ring_params<PipelineDo>(Traits::kBytesdO, warpgroup, Traits::kMmaThreads),
+                         Shape<_1, _1, _1>{});
   __syncthreads();
 
   const BwdBlock blk = bwd_block<kBlockM, kBlockN, kMasked>(a, p.group);
   if (blk.n0 >= blk.keys) return;  // varlen: this sequence is shorter than max_seqlen_k
-  const int n_block = blk.n_block, hk = blk.hk, b = blk.b, sq = blk.sq, sk = blk.sk, n0 = blk.n0;
+  const int n_block = blk.n_block, hk = blk.hk, b = blk.b, sk = blk.sk, n0 = blk.n0;
 
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();  // 128 x (168 - 24) = 256 x (240 - 168)
@@ -305,14 +298,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       float* dq_ws = p.dq_accum + (ws_head + m0) * kD;
       int* turns = a.deterministic ? p.dq_semaphore + (ws_head + m0) / kBlockM : nullptr;
       if (turns != nullptr) {
-        if (tidx == 0) {
-          int turn = n_block;  // the key blocks that add before this one
-          if constexpr (kMasked) turn -= static_cast<int>(pol.key_tiles(m0, min(kBlockM, sq - m0), kBlockN).begin);
-          int seen;
-          do {
-            asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(turns) : "memory");
-          } while (seen != turn);
-        }
+        if (tidx == 0) wait_for_turn(turns, dq_turn<kBlockM, kBlockN, kMasked>(blk, m0));
         cutlass::arch::NamedBarrier::sync(Traits::kMmaThreads, kWideTurnBarrier);
       }
       CUTE_UNROLL
@@ -343,13 +329,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     Staged::put_column(s_dv, key, d, acc_dv(i), acc_dv(i + 1));
   }
   cutlass::arch::NamedBarrier::sync(Traits::kMmaThreads, kWidePBarrier);
-  Element* dk_bh = static_cast<Element*>(a.dk) + b * a.dk_stride.batch + (blk.seq.k_row0 + n0) * a.dk_stride.row +
-                   hk * a.dk_stride.head;
-  Element* dv_bh = static_cast<Element*>(a.dv) + b * a.dv_stride.batch + (blk.seq.k_row0 + n0) * a.dv_stride.row +
-                   hk * a.dv_stride.head;
-  const int rows = min(kBlockN, blk.keys - n0);
-  Staged::store(s_dk, dk_bh, a.dk_stride.row, rows, static_cast<int>(a.hdim), tidx, Traits::kMmaThreads);
-  Staged::store(s_dv, dv_bh, a.dv_stride.row, rows, static_cast<int>(a.hdim_v), tidx, Traits::kMmaThreads);
+  store_dk_dv<Staged>(a, blk, s_dk, s_dv, kBlockN, tidx, Traits::kMmaThreads);
 #endif
 }
 
