@@ -1,7 +1,8 @@
 // Backward kernel of the sm90 path (Hopper, sm_90a): warp-specialised, TMA-fed, the five products on wgmma.
 //
 // One CTA per (key block of 128 keys, KV head, sequence); it walks the query heads of its group and, for each, the
-// query blocks (64 rows) the mask policy pairs with its keys (query_tiles). Warpgroup 0 (producer, 24 registers)
+// query blocks (64 rows, 128 at hdim 64: tile_table.h) the mask policy pairs with its keys (query_tiles). Head dim
+// 256 runs bwd_wide_kernel.h instead, which shares this file's producer, block range and dQ conversion. Warpgroup 0 (producer, 24 registers)
 // loads K and V once and Q_j, dO_j (TMA) with their rows of lse_log2 and dsum (bulk copies) per step into a
 // 2-stage ring (one mbarrier pipeline). Warpgroups 1 and 2 (240 registers) own 64 keys each; per step, with keys
 // as the rows of every accumulator (FlashAttention-3's "swapped" S and dP):
