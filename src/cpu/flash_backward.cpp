@@ -59,17 +59,19 @@ std::unique_ptr<float[]> zeros(std::int64_t n) {
   return std::unique_ptr<float[]>(new float[static_cast<std::size_t>(n)]());
 }
 
-// Per-thread scratch; leading dimensions padded to 16 floats with zero padding (tile_ops.h).
+// Per-thread scratch; zero padding (tile_ops.h). cd, cv: the products' columns, padded D and Dv; ldd, ldv, ldk
+// (Kᵀ, Vᵀ) and lds (S, dP, 1 − tanh²): row strides that spread the rows over the L1 sets (tile_ops.h spread_ld).
 struct BwdScratch {
-  int ldd, ldv;  // padded D and Dv
+  int cd, cv, ldd, ldv, ldk, lds;
   std::unique_ptr<float[]> q, dout, kt, kf, vt, s, dp, dt, dk, dv, lse, delta;  // q: scale · Q; dt: 1 − tanh²
   std::unique_ptr<int[]> lo, hi;  // visible keys [lo, hi) of each query row in the current key tile
   BwdScratch(TileConfig t, std::int64_t d, std::int64_t dv_)
-      : ldd(padded(d)), ldv(padded(dv_)), q(zeros(t.block_q * ldd)), dout(zeros(t.block_q * ldv)),
-        kt(zeros(d * t.block_k)), kf(zeros(t.block_k * ldd)), vt(zeros(dv_ * t.block_k)),
-        s(zeros(t.block_q * t.block_k)), dp(zeros(t.block_q * t.block_k)), dt(zeros(t.block_q * t.block_k)),
-        dk(zeros(t.block_k * ldd)), dv(zeros(t.block_k * ldv)), lse(zeros(t.block_q)), delta(zeros(t.block_q)),
-        lo(new int[static_cast<std::size_t>(t.block_q)]), hi(new int[static_cast<std::size_t>(t.block_q)]) {}
+      : cd(padded(d)), cv(padded(dv_)), ldd(spread_ld(d)), ldv(spread_ld(dv_)), ldk(spread_ld(t.block_k)),
+        lds(spread_ld(t.block_k)), q(zeros(t.block_q * ldd)), dout(zeros(t.block_q * ldv)), kt(zeros(d * ldk)),
+        kf(zeros(t.block_k * ldd)), vt(zeros(dv_ * ldk)), s(zeros(t.block_q * lds)), dp(zeros(t.block_q * lds)),
+        dt(zeros(t.block_q * lds)), dk(zeros(t.block_k * ldd)), dv(zeros(t.block_k * ldv)), lse(zeros(t.block_q)),
+        delta(zeros(t.block_q)), lo(new int[static_cast<std::size_t>(t.block_q)]),
+        hi(new int[static_cast<std::size_t>(t.block_q)]) {}
 };
 
 #ifdef FT_AMX
@@ -186,12 +188,13 @@ void compute_delta(Shared& sh, int threads) {
 // scaled before the product), masked entries and rows with LSE = −inf exactly 0; w.lo / w.hi: each row's visible
 // keys; with softcap, w.dt gets 1 − tanh². Returns whether any row needed masking.
 bool probabilities(const HeadInfo& head, BwdScratch& w, detail::TileMask tm, std::int64_t q0, int rows,
-                   std::int64_t k0, int n, int bk, float scale) {
+                   std::int64_t k0, int n, float scale) {
+  const int lds = w.lds;
   const bool softcap = head.hook.softcap > 0.0f;
   bool needs_mask = tm == detail::TileMask::partial;
   for (int r = 0; r < rows; ++r) needs_mask = needs_mask || w.lse[r] == kNegInf;
   for (int r = 0; r < rows; ++r) {
-    float* sr = w.s.get() + static_cast<std::int64_t>(r) * bk;
+    float* sr = w.s.get() + static_cast<std::int64_t>(r) * lds;
     if (w.lse[r] == kNegInf) {
       std::fill_n(sr, n, 0.0f);
       w.lo[r] = w.hi[r] = 0;
@@ -199,7 +202,7 @@ bool probabilities(const HeadInfo& head, BwdScratch& w, detail::TileMask tm, std
     }
     if (scale != 1.0f)
       for (int j = 0; j < n; ++j) sr[j] *= scale;
-    score_row(head.hook, q0 + r, k0, sr, n, softcap ? w.dt.get() + static_cast<std::int64_t>(r) * bk : nullptr);
+    score_row(head.hook, q0 + r, k0, sr, n, softcap ? w.dt.get() + static_cast<std::int64_t>(r) * lds : nullptr);
     exp_row(sr, n, w.lse[r]);
     const TileKeys vis = needs_mask ? mask_row(head.mask, q0 + r, k0, n, sr, 0.0f) : TileKeys{0, n};
     w.lo[r] = vis.begin;
@@ -210,16 +213,16 @@ bool probabilities(const HeadInfo& head, BwdScratch& w, detail::TileMask tm, std
 
 // dS = P ∘ (dP − D) in place over row r of w.dp (the visible keys; 0 elsewhere up to n), ∘ (1 − tanh²) with
 // softcap: the softcap's derivative (ScoreHook::dscore without the scale).
-void ds_row(BwdScratch& w, int r, int n, int bk, bool softcap) {
-  float* dpr = w.dp.get() + static_cast<std::int64_t>(r) * bk;
-  const float* sr = w.s.get() + static_cast<std::int64_t>(r) * bk;
+void ds_row(BwdScratch& w, int r, int n, bool softcap) {
+  float* dpr = w.dp.get() + static_cast<std::int64_t>(r) * w.lds;
+  const float* sr = w.s.get() + static_cast<std::int64_t>(r) * w.lds;
   const float dr = w.delta[r];
   const int begin = w.lo[r], end = w.hi[r];
   for (int j = 0; j < begin; ++j) dpr[j] = 0.0f;
   for (int j = begin; j < end; ++j) dpr[j] = sr[j] * (dpr[j] - dr);
   for (int j = end; j < n; ++j) dpr[j] = 0.0f;
   if (softcap) {
-    const float* dtr = w.dt.get() + static_cast<std::int64_t>(r) * bk;
+    const float* dtr = w.dt.get() + static_cast<std::int64_t>(r) * w.lds;
     for (int j = begin; j < end; ++j) dpr[j] *= dtr[j];
   }
 }
@@ -233,7 +236,7 @@ void key_tile(Shared& sh, BwdScratch& w, std::int64_t b, std::int64_t hk, std::i
   const int bq = sh.tile.block_q, bk = sh.tile.block_k;
   const int n = static_cast<int>(std::min<std::int64_t>(bk, seq.seqlen_k - k0));
   const int npad = padded(n);
-  const int ldd = w.ldd, ldv = w.ldv;
+  const int ldd = w.ldd, ldv = w.ldv, ldk = w.ldk, lds = w.lds;
   PhaseTimer clock(g_phases);
 
   for (int j = 0; j < n; ++j) {
@@ -241,12 +244,12 @@ void key_tile(Shared& sh, BwdScratch& w, std::int64_t b, std::int64_t hk, std::i
     const T* vs = row_ptr<T>(p.v, p.v_stride, b, seq.k_row0 + k0 + j, hk);
     float* kf = w.kf.get() + static_cast<std::int64_t>(j) * ldd;
     for (int c = 0; c < d; ++c) kf[c] = to_float(ks[c]);
-    for (int c = 0; c < d; ++c) w.kt[static_cast<std::int64_t>(c) * bk + j] = kf[c];
-    for (int c = 0; c < dv; ++c) w.vt[static_cast<std::int64_t>(c) * bk + j] = to_float(vs[c]);
+    for (int c = 0; c < d; ++c) w.kt[static_cast<std::int64_t>(c) * ldk + j] = kf[c];
+    for (int c = 0; c < dv; ++c) w.vt[static_cast<std::int64_t>(c) * ldk + j] = to_float(vs[c]);
   }
   if (npad > n) {  // a short last tile: zero the transposed tiles' columns up to the padded width
-    for (int c = 0; c < d; ++c) std::fill_n(w.kt.get() + static_cast<std::int64_t>(c) * bk + n, npad - n, 0.0f);
-    for (int c = 0; c < dv; ++c) std::fill_n(w.vt.get() + static_cast<std::int64_t>(c) * bk + n, npad - n, 0.0f);
+    for (int c = 0; c < d; ++c) std::fill_n(w.kt.get() + static_cast<std::int64_t>(c) * ldk + n, npad - n, 0.0f);
+    for (int c = 0; c < dv; ++c) std::fill_n(w.vt.get() + static_cast<std::int64_t>(c) * ldk + n, npad - n, 0.0f);
   }
   // Partial tiles may run the products on the whole tile (masked P and dS entries are exact zeros) when every
   // operand a masked entry multiplies is finite: then 0 · x adds nothing, as the bounded loops' skipping does.
@@ -277,9 +280,9 @@ void key_tile(Shared& sh, BwdScratch& w, std::int64_t b, std::int64_t hk, std::i
       }
       // P = exp(S − LSE), masked entries and rows with LSE = −inf exactly 0.
       clock.skip();  // the Q and dO copies: other
-      gemm_nn(rows, npad, d, w.q.get(), ldd, w.kt.get(), bk, w.s.get(), bk, false);
+      gemm_nn(rows, npad, d, w.q.get(), ldd, w.kt.get(), ldk, w.s.get(), lds, false);
       clock.mark(kProducts);
-      const bool needs_mask = probabilities(head, w, tm, q0, rows, k0, n, bk, 1.0f);
+      const bool needs_mask = probabilities(head, w, tm, q0, rows, k0, n, 1.0f);
       // Masked keys are excluded from every product below (see tile_ops.h), so they contribute
       // exactly nothing, NaN inputs included. With finite K, Q and dO the products take the whole tile on the
       // SIMD kernel instead, the masked entries of P and dS being exact zeros (the bounded loops are scalar:
@@ -289,14 +292,14 @@ void key_tile(Shared& sh, BwdScratch& w, std::int64_t b, std::int64_t hk, std::i
       const int* lo = bounded ? w.lo.get() : nullptr;
       const int* hi = bounded ? w.hi.get() : nullptr;
       clock.mark(kExp);
-      gemm_tn(n, ldv, rows, w.s.get(), bk, w.dout.get(), ldv, w.dv.get(), ldv, lo, hi);  // dV += Pᵀ dO
-      gemm_nn(rows, npad, dv, w.dout.get(), ldv, w.vt.get(), bk, w.dp.get(), bk, false);  // dP = dO Vᵀ
+      gemm_tn(n, w.cv, rows, w.s.get(), lds, w.dout.get(), ldv, w.dv.get(), ldv, lo, hi);  // dV += Pᵀ dO
+      gemm_nn(rows, npad, dv, w.dout.get(), ldv, w.vt.get(), ldk, w.dp.get(), lds, false);  // dP = dO Vᵀ
       clock.mark(kProducts);
-      for (int r = 0; r < rows; ++r) ds_row(w, r, n, bk, softcap);  // dS = P ∘ (dP − D) [∘ (1 − tanh²)]
+      for (int r = 0; r < rows; ++r) ds_row(w, r, n, softcap);  // dS = P ∘ (dP − D) [∘ (1 − tanh²)]
       clock.mark(kDs);
-      gemm_nn(rows, ldd, n, w.dp.get(), bk, w.kf.get(), ldd, sh.dq_rows(part, h, sh.row(head, b, q0)), ldd, true,
-              lo, hi);                                                                     // dQ += dS K
-      gemm_tn(n, ldd, rows, w.dp.get(), bk, w.q.get(), ldd, w.dk.get(), ldd, lo, hi);  // dK += dSᵀ (scale·Q)
+      gemm_nn(rows, w.cd, n, w.dp.get(), lds, w.kf.get(), ldd, sh.dq_rows(part, h, sh.row(head, b, q0)), w.cd, true,
+              lo, hi);                                                                       // dQ += dS K
+      gemm_tn(n, w.cd, rows, w.dp.get(), lds, w.q.get(), ldd, w.dk.get(), ldd, lo, hi);  // dK += dSᵀ (scale·Q)
       clock.mark(kProducts);
     }
   }
@@ -405,25 +408,24 @@ void key_tile_amx(Shared& sh, BwdScratch& w, AmxScratch& x, std::int64_t b, std:
       row_pairs(x.q16.get(), rows32, d32, x.qp.get());
       row_pairs(x.do16.get(), rows32, dv32, x.dop.get());
       clock.skip();
-      amx::gemm(rows32, n32, d32 / 32, x.q16.get(), d32, x.ktp.get(), 2 * bk, w.s.get(), bk, false);  // S = Q Kᵀ
+      amx::gemm(rows32, n32, d32 / 32, x.q16.get(), d32, x.ktp.get(), 2 * bk, w.s.get(), w.lds, false);  // S = Q Kᵀ
       clock.mark(kProducts);
-      probabilities(head, w, tm, q0, rows, k0, n, bk, p.softmax_scale);
+      probabilities(head, w, tm, q0, rows, k0, n, p.softmax_scale);
       // Pᵀ in bf16: the rows rounded (masked entries are 0 already), then transposed; padding 0.
-      for (int r = 0; r < rows; ++r) {
-        const std::int64_t at = static_cast<std::int64_t>(r) * bk;
-        to_bf16_row(w.s.get() + at, x.ds.get() + at, n, n32);
-      }
+      for (int r = 0; r < rows; ++r)
+        to_bf16_row(w.s.get() + static_cast<std::int64_t>(r) * w.lds, x.ds.get() + static_cast<std::int64_t>(r) * bk, n,
+                    n32);
       zero_rows(x.ds.get(), rows, rows32, bk);
       transpose16(x.ds.get(), bk, rows32, n32, x.pt.get(), bq);
       clock.mark(kExp);
       // dV += Pᵀ dO, dP = dO Vᵀ
       amx::gemm(n32, dv32, rows32 / 32, x.pt.get(), bq, x.dop.get(), 2 * dv32, x.dv.get(), dv32, true);
-      amx::gemm(rows32, n32, dv32 / 32, x.do16.get(), dv32, x.vtp.get(), 2 * bk, w.dp.get(), bk, false);
+      amx::gemm(rows32, n32, dv32 / 32, x.do16.get(), dv32, x.vtp.get(), 2 * bk, w.dp.get(), w.lds, false);
       clock.mark(kProducts);
       for (int r = 0; r < rows; ++r) {  // dS = P ∘ (dP − D) [∘ (1 − tanh²)], in bf16
-        ds_row(w, r, n, bk, softcap);
-        const std::int64_t at = static_cast<std::int64_t>(r) * bk;
-        to_bf16_row(w.dp.get() + at, x.ds.get() + at, n, n32);
+        ds_row(w, r, n, softcap);
+        to_bf16_row(w.dp.get() + static_cast<std::int64_t>(r) * w.lds, x.ds.get() + static_cast<std::int64_t>(r) * bk,
+                    n, n32);
       }
       transpose16(x.ds.get(), bk, rows32, n32, x.dst.get(), bq);  // dSᵀ (rows rows .. rows32 zero from above)
       clock.mark(kDs);

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "core/merge_rule.h"
@@ -68,7 +69,9 @@ struct Ahead {
 // s[r][j] = q_r · k_j for NR rows (q: ldq-strided floats, pre-scaled) and keys kp[j0, j1), NJ keys at a time:
 // NR·NJ independent accumulators keep the FMA pipes full where one dot product is a chain of D / W dependent
 // FMAs.
-template <int NR, int NJ, class T>
+// kPairs (bf16 caches, d a multiple of 2W): the query rows are in pair order (see PairOrder) and each 2W-value
+// piece of a key row is read as its even and odd values (simd.h load_bf16_pairs).
+template <int NR, int NJ, bool kPairs = false, class T>
 void qk_rows(const float* q, int ldq, int d, const T* const* kp, int j0, int j1, float* s, int lds,
              const Ahead<T>& ahead = {}) {
   int j = j0;
@@ -80,6 +83,17 @@ void qk_rows(const float* q, int ldq, int d, const T* const* kp, int j0, int j1,
     V a[NR][NJ];
     for (int r = 0; r < NR; ++r)
       for (int u = 0; u < NJ; ++u) a[r][u] = simd::set1(0.0f);
+    if constexpr (kPairs) {
+      for (; c + 2 * simd::W <= d; c += 2 * simd::W) {
+        V ke[NJ], ko[NJ];
+        for (int u = 0; u < NJ; ++u)
+          simd::load_bf16_pairs(reinterpret_cast<const std::uint16_t*>(kp[j + u] + c), ke[u], ko[u]);
+        for (int r = 0; r < NR; ++r) {
+          const V qe = simd::load(q + r * ldq + c), qo = simd::load(q + r * ldq + c + simd::W);
+          for (int u = 0; u < NJ; ++u) a[r][u] = simd::fma(qo, ko[u], simd::fma(qe, ke[u], a[r][u]));
+        }
+      }
+    }
     for (; c + simd::W <= d; c += simd::W) {
       V kv[NJ];
       for (int u = 0; u < NJ; ++u) kv[u] = load_row(kp[j + u] + c);
@@ -88,8 +102,15 @@ void qk_rows(const float* q, int ldq, int d, const T* const* kp, int j0, int j1,
         for (int u = 0; u < NJ; ++u) a[r][u] = simd::fma(qv, kv[u], a[r][u]);
       }
     }
-    for (int r = 0; r < NR; ++r)
-      for (int u = 0; u < NJ; ++u) sum[r][u] = simd::reduce_add(a[r][u]);
+#if FT_SIMD_WIDTH == 8
+    if constexpr (NR * NJ == 8) {  // all eight at once (simd.h reduce_add8): lane r * NJ + u is sum[r][u]
+      simd::store(&sum[0][0], simd::reduce_add8(&a[0][0]));
+    } else
+#endif
+    {
+      for (int r = 0; r < NR; ++r)
+        for (int u = 0; u < NJ; ++u) sum[r][u] = simd::reduce_add(a[r][u]);
+    }
 #endif
     for (; c < d; ++c)
       for (int u = 0; u < NJ; ++u) {
@@ -99,23 +120,31 @@ void qk_rows(const float* q, int ldq, int d, const T* const* kp, int j0, int j1,
     for (int r = 0; r < NR; ++r)
       for (int u = 0; u < NJ; ++u) s[r * lds + j + u] = sum[r][u];
   }
-  if (j < j1) qk_rows<NR, 1>(q, ldq, d, kp, j, j1, s, lds, ahead);
+  if (j < j1) qk_rows<NR, 1, kPairs>(q, ldq, d, kp, j, j1, s, lds, ahead);
 }
 
 // acc[r][c] += Σ_{j in [j0, j1)} p[r][j] · v_j[c] for NR rows and the columns [c, c + NC·W·k) that fit below dv,
 // NC vectors at a time; returns the first column left. The block's sum is formed on its own and then added
 // (two-level summation, as the forward's P·V tile: one running sum over every key of a long cache rounds worse
 // than standard attention's blocked sums).
-template <int NR, int NC, class T>
+// kPairs: each 2W-value piece of a value row is read as its even and odd values, so acc's columns are in pair
+// order (NC even).
+template <int NR, int NC, bool kPairs, class T>
 int pv_cols(const float* p, int ldp, const T* const* vp, int j0, int j1, int c, int dv, float* acc, int ldv) {
 #if FT_SIMD_WIDTH
+  static_assert(!kPairs || NC % 2 == 0);
   for (; c + NC * simd::W <= dv; c += NC * simd::W) {
     V a[NR][NC];
     for (int r = 0; r < NR; ++r)
       for (int u = 0; u < NC; ++u) a[r][u] = simd::set1(0.0f);
     for (int j = j0; j < j1; ++j) {
       V vv[NC];
-      for (int u = 0; u < NC; ++u) vv[u] = load_row(vp[j] + c + u * simd::W);
+      if constexpr (kPairs) {
+        for (int u = 0; u < NC; u += 2)
+          simd::load_bf16_pairs(reinterpret_cast<const std::uint16_t*>(vp[j] + c + u * simd::W), vv[u], vv[u + 1]);
+      } else {
+        for (int u = 0; u < NC; ++u) vv[u] = load_row(vp[j] + c + u * simd::W);
+      }
       for (int r = 0; r < NR; ++r) {
         const V pr = simd::set1(p[r * ldp + j]);
         for (int u = 0; u < NC; ++u) a[r][u] = simd::fma(pr, vv[u], a[r][u]);
@@ -133,12 +162,16 @@ int pv_cols(const float* p, int ldp, const T* const* vp, int j0, int j1, int c, 
   return c;
 }
 
-template <int NR, class T>
+template <int NR, bool kPairs = false, class T>
 void pv_rows(const float* p, int ldp, const T* const* vp, int j0, int j1, int dv, float* acc, int ldv) {
   // One or two rows leave few independent accumulators per column vector: take more columns at once.
   constexpr int kCols = NR <= 2 ? 4 : 2;
-  int c = pv_cols<NR, kCols>(p, ldp, vp, j0, j1, 0, dv, acc, ldv);
-  c = pv_cols<NR, 1>(p, ldp, vp, j0, j1, c, dv, acc, ldv);
+  int c = pv_cols<NR, kCols, kPairs>(p, ldp, vp, j0, j1, 0, dv, acc, ldv);
+  if constexpr (kPairs) {
+    pv_cols<NR, 2, true>(p, ldp, vp, j0, j1, c, dv, acc, ldv);  // dv is a multiple of 2W: nothing is left
+    return;
+  }
+  c = pv_cols<NR, 1, false>(p, ldp, vp, j0, j1, c, dv, acc, ldv);
   for (; c < dv; ++c)
     for (int r = 0; r < NR; ++r) {
       float a = 0.0f;
@@ -255,31 +288,52 @@ void block_rows_gemm(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPo
 
 // One key block [k0, k0 + n) for the rows of one KV head (rows [r_begin, r_end) of the tile): scores, hook,
 // mask, online softmax, P·V.
-template <class T>
+// kPairs: the tile's query rows and output accumulators are in pair order (attend_tile).
+template <bool kPairs, class T>
 void block_rows(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPolicy& mask, int r_begin, int r_end,
                 std::int64_t k0, int n, bool partial, int d, int dv, const Ahead<T>& ahead) {
   const T* const* kp = w.kp.get();
   const T* const* vp = w.vp.get();
-  if (r_end - r_begin >= kMatrixRows) return block_rows_gemm(w, t, mask, r_begin, r_end, k0, n, partial, d, dv, ahead);
+  if constexpr (!kPairs)
+    if (r_end - r_begin >= kMatrixRows) return block_rows_gemm(w, t, mask, r_begin, r_end, k0, n, partial, d, dv, ahead);
   row_groups(r_end - r_begin, [&]<int NR>(int g) {
     const int r = r_begin + g;
-    qk_rows<NR, NR <= 2 ? 4 : 2>(w.q.get() + static_cast<std::int64_t>(r) * w.ldq, w.ldq, d, kp, 0, n,
-                                 w.s.get() + static_cast<std::int64_t>(r) * kDecodeKeys, kDecodeKeys,
-                                 g == 0 ? ahead : Ahead<T>{});
+    qk_rows<NR, NR <= 2 ? 4 : 2, kPairs>(w.q.get() + static_cast<std::int64_t>(r) * w.ldq, w.ldq, d, kp, 0, n,
+                                         w.s.get() + static_cast<std::int64_t>(r) * kDecodeKeys, kDecodeKeys,
+                                         g == 0 ? ahead : Ahead<T>{});
   });
   softmax_rows(w, t, mask, r_begin, r_end, k0, n, partial, dv);
   if (!partial) {
     row_groups(r_end - r_begin, [&]<int NR>(int g) {
       const int r = r_begin + g;
-      pv_rows<NR>(w.s.get() + static_cast<std::int64_t>(r) * kDecodeKeys, kDecodeKeys, vp, 0, n, dv,
-                  w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.ldv);
+      pv_rows<NR, kPairs>(w.s.get() + static_cast<std::int64_t>(r) * kDecodeKeys, kDecodeKeys, vp, 0, n, dv,
+                          w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.ldv);
     });
     return;
   }
   for (int r = r_begin; r < r_end; ++r)  // row by row: a key a row does not see never enters its sums
-    pv_rows<1>(w.s.get() + static_cast<std::int64_t>(r) * kDecodeKeys, kDecodeKeys, vp, w.lo[r], w.hi[r], dv,
-               w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.ldv);
+    pv_rows<1, kPairs>(w.s.get() + static_cast<std::int64_t>(r) * kDecodeKeys, kDecodeKeys, vp, w.lo[r], w.hi[r], dv,
+                       w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.ldv);
 }
+
+// The pair order of the bf16 fast path: within each piece of 2W columns, the W even-indexed columns, then the W
+// odd ones, as simd.h load_bf16_pairs reads a bf16 row. The query rows are stored in it and the output
+// accumulators come out in it; rounding is that of the plain path but for the order of the dot products' terms.
+// Only for bf16 caches whose head dims are whole pieces, and tiles below kMatrixRows rows (the matrix path reads
+// the query rows in their own order).
+struct PairOrder {
+  static constexpr int kPiece = 2 * (FT_SIMD_WIDTH > 0 ? FT_SIMD_WIDTH : 1);
+  template <class T>
+  static bool applies(int d, int dv, int rows_per_head) {
+    return FT_SIMD_WIDTH > 0 && std::is_same_v<T, BFloat16> && d % kPiece == 0 && dv % kPiece == 0 &&
+           rows_per_head < kMatrixRows;
+  }
+  // Position of column c in pair order.
+  static int slot(int c) {
+    const int base = c / kPiece * kPiece, i = c - base;
+    return base + (i % 2) * (kPiece / 2) + i / 2;
+  }
+};
 
 template <class T>
 void attend_tile(const AttnParams& p, DecodeScratch<T>& w, const RowTile& t, int split, int splits, float* parts) {
@@ -289,10 +343,11 @@ void attend_tile(const AttnParams& p, DecodeScratch<T>& w, const RowTile& t, int
   const detail::MaskPolicy& mask = w.heads.front().mask;  // one sequence: one mask for every head
   const std::int64_t i0 = t.token(0), n_tok = t.token(t.per_head - 1) - i0 + 1;
 
+  const bool pairs = PairOrder::applies<T>(d, dv, t.per_head);
   for (int r = 0; r < rows; ++r) {
     float* dst = w.q.get() + static_cast<std::int64_t>(r) * w.ldq;
     const T* src = row_ptr<T>(p.q, p.q_stride, t.b, t.token(r), t.head(r));
-    for (int c = 0; c < d; ++c) dst[c] = to_float(src[c]) * p.softmax_scale;
+    for (int c = 0; c < d; ++c) dst[pairs ? PairOrder::slot(c) : c] = to_float(src[c]) * p.softmax_scale;
     if (split == 0) {  // the sink enters one split only, so that the merge counts it once
       start_row(w.heads[static_cast<std::size_t>(r)], w.m[r], w.l[r]);
     } else {
@@ -334,8 +389,14 @@ void attend_tile(const AttnParams& p, DecodeScratch<T>& w, const RowTile& t, int
       }
       const Ahead<T> ahead{kh, vh, w.koff.get() + (half ^ 1) * kDecodeKeys, w.voff.get() + (half ^ 1) * kDecodeKeys, n,
                            static_cast<int>(sizeof(T)) * d, static_cast<int>(sizeof(T)) * dv};
-      block_rows(w, t, mask, hh * t.per_head, (hh + 1) * t.per_head, k0, n_here, tm == detail::TileMask::partial, d,
-                 dv, ahead);
+      const bool partial = tm == detail::TileMask::partial;
+#if FT_SIMD_WIDTH
+      if (pairs) {
+        block_rows<true>(w, t, mask, hh * t.per_head, (hh + 1) * t.per_head, k0, n_here, partial, d, dv, ahead);
+        continue;
+      }
+#endif
+      block_rows<false>(w, t, mask, hh * t.per_head, (hh + 1) * t.per_head, k0, n_here, partial, d, dv, ahead);
     }
   }
 
@@ -343,6 +404,11 @@ void attend_tile(const AttnParams& p, DecodeScratch<T>& w, const RowTile& t, int
   for (int r = 0; r < rows; ++r) {
     const float l = w.l[r], m = w.m[r];
     const float* ar = w.acc.get() + static_cast<std::int64_t>(r) * w.ldv;
+    if (pairs) {  // back to column order, through the P·V scratch row (unused on this path)
+      float* natural = w.pv.get();
+      for (int c = 0; c < dv; ++c) natural[c] = ar[PairOrder::slot(c)];
+      ar = natural;
+    }
     const bool empty = l == 0.0f;  // no key, or all −inf (semantics: O = 0, LSE = −inf)
     const float inv = empty ? 0.0f : 1.0f / l, lse = empty ? kNegInf : m + std::log(l);
     const std::int64_t i = t.token(r), h = t.head(r);

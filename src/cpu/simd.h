@@ -74,6 +74,14 @@ inline V load_bf16(const std::uint16_t* p) {
   return {_mm512_castsi512_ps(_mm512_slli_epi32(x, 16))};
 }
 inline V load_f16(const std::uint16_t* p) { return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))}; }
+// 32 bfloat16 values as two float vectors, the even-indexed ones (0, 2, ..) and the odd ones (1, 3, ..): one load
+// and one shift or mask each, where widening them in order takes a zero-extension per 16 (the decode kernel's
+// pair order, flash_decode.cpp).
+inline void load_bf16_pairs(const std::uint16_t* p, V& even, V& odd) {
+  const __m512i x = _mm512_loadu_si512(p);
+  even = {_mm512_castsi512_ps(_mm512_slli_epi32(x, 16))};
+  odd = {_mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))))};
+}
 #elif defined(__AVX2__)
 #define FT_SIMD_WIDTH 8
 struct V {
@@ -121,6 +129,19 @@ inline V load_bf16(const std::uint16_t* p) {
   return {_mm256_castsi256_ps(_mm256_slli_epi32(x, 16))};
 }
 inline V load_f16(const std::uint16_t* p) { return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))}; }
+// The eight horizontal sums of a[0..8) as one vector, lane i = Σ a[i]: a tree of hadds and one cross-lane add,
+// about a quarter of the instructions of eight reduce_add (the decode kernel's dot products).
+inline V reduce_add8(const V* a) {
+  const __m256 t0 = _mm256_hadd_ps(a[0].v, a[1].v), t1 = _mm256_hadd_ps(a[2].v, a[3].v);
+  const __m256 t2 = _mm256_hadd_ps(a[4].v, a[5].v), t3 = _mm256_hadd_ps(a[6].v, a[7].v);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  return {_mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31))};
+}
+inline void load_bf16_pairs(const std::uint16_t* p, V& even, V& odd) {  // 16 values; as the AVX-512 one
+  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  even = {_mm256_castsi256_ps(_mm256_slli_epi32(x, 16))};
+  odd = {_mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))))};
+}
 #else
 #define FT_SIMD_WIDTH 0
 #endif
