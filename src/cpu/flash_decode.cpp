@@ -320,12 +320,13 @@ void block_rows(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPolicy&
 // odd ones, as simd.h load_bf16_pairs reads a bf16 row. The query rows are stored in it and the output
 // accumulators come out in it; rounding is that of the plain path but for the order of the dot products' terms.
 // Only for bf16 caches whose head dims are whole pieces, and tiles below kMatrixRows rows (the matrix path reads
-// the query rows in their own order).
+// the query rows in their own order); and on AVX2 only for now: the AVX-512 form (32-value pieces) compiles but has
+// not run on an AVX-512 CPU yet (this machine has none).
 struct PairOrder {
   static constexpr int kPiece = 2 * (FT_SIMD_WIDTH > 0 ? FT_SIMD_WIDTH : 1);
   template <class T>
   static bool applies(int d, int dv, int rows_per_head) {
-    return FT_SIMD_WIDTH > 0 && std::is_same_v<T, BFloat16> && d % kPiece == 0 && dv % kPiece == 0 &&
+    return FT_SIMD_WIDTH == 8 && std::is_same_v<T, BFloat16> && d % kPiece == 0 && dv % kPiece == 0 &&
            rows_per_head < kMatrixRows;
   }
   // Position of column c in pair order.
