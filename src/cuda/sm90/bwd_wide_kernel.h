@@ -12,10 +12,12 @@
 //   dV^T += dO^T P issued; dS = P (dP - dsum) while it runs; dS^T to shared memory           | barrier
 //   dK^T += Q^T dS, dQ = dS K          (each warpgroup half of the head dim)
 //   dQ added to the fp32 workspace by vector reductions from the registers (red.global.add.v4.f32): staged for a
-//   bulk reduction as bwd_kernel.h does, dQ's 64 KB would not fit beside the 225 KB of tiles.
+//   bulk reduction as bwd_kernel.h does, dQ's 64 KB would not fit beside the 224 KB of tiles.
 // P and dS have two buffers each, so one barrier per product hand-over suffices: buffer j % 2 was last read by
-// step j - 2's products, which both warpgroups waited for before step j - 1's barriers.
-// The producer (load_bwd_operands), the block's query range (bwd_block) and dq_convert_kernel are bwd_kernel.h's.
+// step j - 2's products, which both warpgroups waited for before step j - 1's barriers. dO has a ring of its own
+// (kSeparateDo), released once dV's product is done, so its next load overlaps dK's and dQ's products.
+// The producer (load_bwd_operands), the block's query range (bwd_block), the deterministic turn, the dK/dV store
+// and dq_convert_kernel are bwd_kernel.h's. Measured: bench/results/h200_sm90_widebwd.md.
 #pragma once
 
 #include "sm90/bwd_kernel.h"
