@@ -134,10 +134,12 @@ inline void start_query_rows(const detail::AttnParams& p, PairScratch& w, std::i
 }
 
 // e^(scale · x[j] − sub) for j < n, rounded to bf16 into dst (zeros from n to n_pad); returns the float32 sum.
-// One pass: the scale is applied in registers (the same rounding as scaling the row first), the difference is
-// formed before log2(e) multiplies it (as exp_row), and P goes to bf16 while it is in a register, where a
-// separate conversion pass would read the float row again (the bf16 AMX forward spent 31–36 % of its time in
-// the softmax step with four passes over each row: scale, max, exp, conversion).
+// One pass: the scale is applied in registers, the difference is formed before log2(e) multiplies it (as
+// exp_row), and P goes to bf16 while it is in a register, where a separate conversion pass would read the float
+// row again (the bf16 AMX forward spent 31–36 % of its time in the softmax step with four passes over each row:
+// scale, max, exp, conversion). The product is rounded before the subtraction (simd.h rounded), as scaling the
+// row first rounds it: contracted into one FMA, x · scale − sub kept the product's rounding error, which for the
+// row's max is no longer 0; under a huge scale that error is huge (fuzz: scale 1e30, e^(1.2e23) = inf, NaN out).
 inline float exp_row_to_bf16(const float* x, int n, float scale, float sub, std::uint16_t* dst, int n_pad) {
   float sum = 0.0f;
   int j = 0;
@@ -145,7 +147,7 @@ inline float exp_row_to_bf16(const float* x, int n, float scale, float sub, std:
   simd::V sv = simd::set1(0.0f);
   const simd::V lv = simd::set1(kLog2e), bv = simd::set1(sub), cv = simd::set1(scale);
   for (; j + 16 <= n; j += 16) {
-    const simd::V e = simd::exp2(simd::mul(simd::sub(simd::mul(simd::load(x + j), cv), bv), lv));
+    const simd::V e = simd::exp2(simd::mul(simd::sub(simd::rounded(simd::mul(simd::load(x + j), cv)), bv), lv));
     sv = simd::add(sv, e);
     const __m256bh h = _mm512_cvtneps_pbh(e.v);
     std::memcpy(dst + j, &h, sizeof h);
@@ -153,7 +155,7 @@ inline float exp_row_to_bf16(const float* x, int n, float scale, float sub, std:
   sum = simd::reduce_add(sv);
 #endif
   for (; j < n; ++j) {
-    const float e = exp2_fast((x[j] * scale - sub) * kLog2e);
+    const float e = exp2_fast((simd::rounded(x[j] * scale) - sub) * kLog2e);
     sum += e;
     dst[j] = from_float<BFloat16>(e).bits;
   }

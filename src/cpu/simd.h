@@ -15,6 +15,13 @@
 namespace flashtile::cpu::simd {
 FT_ISA_BEGIN
 
+// x as computed, rounded to float: an empty asm that takes and gives the value in a register, so the compiler
+// cannot contract the product that made x into an FMA with what follows (GCC contracts a * b - c in C++ mode).
+inline float rounded(float x) {
+  asm("" : "+x"(x));
+  return x;
+}
+
 #if defined(__AVX512F__)
 #define FT_SIMD_WIDTH 16
 struct V {
@@ -29,6 +36,10 @@ inline V sub(V a, V b) { return {_mm512_sub_ps(a.v, b.v)}; }
 inline V mul(V a, V b) { return {_mm512_mul_ps(a.v, b.v)}; }
 inline V max(V a, V b) { return {_mm512_max_ps(a.v, b.v)}; }
 inline V min(V a, V b) { return {_mm512_min_ps(a.v, b.v)}; }
+inline V rounded(V a) {  // as rounded(float)
+  asm("" : "+v"(a.v));
+  return a;
+}
 // Written out instead of _mm512_reduce_*_ps, whose GCC 12 expansion trips -Wmaybe-uninitialized.
 inline float reduce_add(V a) {
   const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a.v), _mm512_extractf32x8_ps(a.v, 1));
@@ -96,6 +107,10 @@ inline V sub(V a, V b) { return {_mm256_sub_ps(a.v, b.v)}; }
 inline V mul(V a, V b) { return {_mm256_mul_ps(a.v, b.v)}; }
 inline V max(V a, V b) { return {_mm256_max_ps(a.v, b.v)}; }
 inline V min(V a, V b) { return {_mm256_min_ps(a.v, b.v)}; }
+inline V rounded(V a) {  // as rounded(float)
+  asm("" : "+x"(a.v));
+  return a;
+}
 inline float reduce_add(V a) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
