@@ -77,9 +77,10 @@ class CudaSm90 final : public Backend {
                       " hdim " + std::to_string(bucket) + " (cuda-sm90 built: " + (*built ? built : "none") +
                       "; FLASHTILE_CUDA_SM90 and FLASHTILE_CUDA_KERNELS choose)");
       }
-      if (!p.is_backward() && sm90::fwd_smem_bytes(bucket) > gpu->smem_optin)
+      const int smem = sm90::fwd_smem_bytes(bucket, cuda::kind_of(p) == Kind::plain);
+      if (!p.is_backward() && smem > gpu->smem_optin)
         why.push_back("shared memory: the hdim " + std::to_string(bucket) + " kernel needs " +
-                      std::to_string(sm90::fwd_smem_bytes(bucket)) + " bytes per block, " + gpu->name + " allows " +
+                      std::to_string(smem) + " bytes per block, " + gpu->name + " allows " +
                       std::to_string(gpu->smem_optin));
     }
     return why;
@@ -97,15 +98,17 @@ class CudaSm90 final : public Backend {
     std::ostringstream d;
     if (!p.is_backward()) {
       const sm90::FwdTile t = sm90::fwd_tile(bucket);
+      const bool plain = kind == Kind::plain;
       const int consumers = sm90::fwd_block_m(bucket, kind == Kind::hooks) / 64;
       k.block_q = consumers * 64;
-      k.block_k = t.block_n;
+      k.block_k = sm90::fwd_block_n(bucket, plain);
       k.threads = (consumers + 1) * 128;
       d << "hdim_bucket=" << bucket << " warpgroups=1 producer (TMA) + " << consumers
         << " consumers (wgmma, 64 rows each) registers=" << sm90::kProducerRegs << "/" << sm90::consumer_regs(consumers) << " stages=" << t.stages
         << " (K and V rings, mbarrier pipeline) scheduler=persistent, one CTA per SM, static snake waves, "
         << (kind == Kind::plain ? "blocks fastest" : "longest first")
-        << " smem<=" << sm90::fwd_smem_bytes(bucket) << "B";
+        << " smem<=" << sm90::fwd_smem_bytes(bucket, plain) << "B"
+        << (sm90::fwd_stages_o(bucket, plain) && kind != Kind::hooks ? " O staged in shared memory" : " O stored from registers");
     } else {
       const sm90::BwdTile t = sm90::bwd_tile(bwd_hdim_of(p));
       k.block_q = t.block_m;

@@ -30,7 +30,8 @@ auto gmem_view(const void* ptr, const detail::Strides& s, const detail::AttnPara
 
 template <class Element, int kHeadDim, class V>
 cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
-  using Traits = FwdTraits<Element, kHeadDim, V::kHooks>;
+  constexpr bool kPlain = !V::kMasked && !V::kHooks;
+  using Traits = FwdTraits<Element, kHeadDim, V::kHooks, kPlain>;
   const detail::AttnParams& a = p.a;
   KernelParams<Traits> kp;
   kp.f = p;
@@ -54,7 +55,7 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
                            select<1, 2>(TileShape{}), _1{});
   auto kernel = fwd_kernel<Traits, V>;
   constexpr int smem = Traits::kSmemBytes;
-  static_assert(smem <= fwd_smem_bytes(kHeadDim));
+  static_assert(smem <= fwd_smem_bytes(kHeadDim, kPlain));
   const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   kernel<<<grid, Traits::kThreads, smem, stream>>>(kp);

@@ -9,15 +9,21 @@ namespace flashtile::cuda::sm90 {
 
 struct FwdTile {
   int hdim, block_m, block_n, stages;
+  int block_n_plain;  // keys per tile of the kernel without mask or score hooks (0: block_n)
   const char* why;
 };
 
+// A/B switch of this session's measurement (scripts/gpu_check.sh builds each value): the hdim-128 plain kernel's keys.
+#ifndef FLASHTILE_SM90_FWD128_PLAIN_N
+#define FLASHTILE_SM90_FWD128_PLAIN_N 0
+#endif
+
 inline constexpr FwdTile kFwdTiles[] = {
-    {64, 192, 128, 2, "3 consumer warpgroups of 160 regs (O 32 + S 64); Q 24 KB + K/V 2 x 2 x 16 KB"},
-    {96, 128, 128, 2, "O 48 + S 64 regs; 120 KB smem"},
-    {128, 128, 128, 2, "O 64 + S 64 regs; Q 32 KB + K/V 2 x 2 x 32 KB = 160 KB smem"},
-    {192, 128, 112, 2, "O 96 + S 56 regs; block_n 112 keeps smem at 132 KB"},
-    {256, 128, 80, 2, "O 128 + S 40 regs; block_n 80: Q 64 KB + K/V 2 x 2 x 40 KB = 224 KB smem"},
+    {64, 192, 128, 2, 0, "3 consumer warpgroups of 160 regs (O 32 + S 64); Q 24 KB + K/V 2 x 2 x 16 KB"},
+    {96, 128, 128, 2, 0, "O 48 + S 64 regs; 120 KB smem"},
+    {128, 128, 128, 2, FLASHTILE_SM90_FWD128_PLAIN_N, "O 64 + S 64 regs; Q 32 KB + K/V 2 x 2 x 32 KB = 160 KB smem"},
+    {192, 128, 112, 2, 0, "O 96 + S 56 regs; block_n 112 keeps smem at 132 KB"},
+    {256, 128, 80, 2, 0, "O 128 + S 40 regs; block_n 80: Q 64 KB + K/V 2 x 2 x 40 KB = 224 KB smem"},
 };
 
 inline constexpr int kHdimBuckets[] = {64, 96, 128, 192, 256};
@@ -67,7 +73,13 @@ constexpr int hdim_bucket(int d) {
 constexpr FwdTile fwd_tile(int hdim) {
   for (const FwdTile& t : kFwdTiles)
     if (t.hdim == hdim) return t;
-  return {0, 0, 0, 0, nullptr};
+  return {0, 0, 0, 0, 0, nullptr};
+}
+
+// Keys per tile of a forward kernel; `plain`: the variant without mask or score hooks.
+constexpr int fwd_block_n(int hdim, bool plain) {
+  const FwdTile t = fwd_tile(hdim);
+  return plain && t.block_n_plain != 0 ? t.block_n_plain : t.block_n;
 }
 
 // Query rows per CTA of a forward kernel: the table's, except that the score-hook variant (softcap, ALiBi) keeps
@@ -85,16 +97,19 @@ constexpr int consumer_regs(int consumers) { return consumers == 3 ? 160 : 240; 
 
 // Shared memory of the forward (a bound; traits.h has the exact size): Q, the K and V rings and the barriers, and
 // O's staging buffer (staged_tile.h: block_m rows of hdim + 8 elements) where it fits beside them.
-constexpr int fwd_core_smem_bytes(int hdim) {
+constexpr int fwd_core_smem_bytes(int hdim, bool plain) {
   const FwdTile t = fwd_tile(hdim);
-  return (t.block_m + 2 * t.stages * t.block_n) * hdim * 2 + 1024;
+  return (t.block_m + 2 * t.stages * fwd_block_n(hdim, plain)) * hdim * 2 + 1024;
 }
 constexpr int fwd_staged_o_bytes(int hdim) { return fwd_tile(hdim).block_m * (hdim + 8) * 2; }
-constexpr bool fwd_stages_o(int hdim) { return fwd_core_smem_bytes(hdim) + fwd_staged_o_bytes(hdim) <= 227 * 1024; }
-constexpr int fwd_smem_bytes(int hdim) {
-  return fwd_core_smem_bytes(hdim) + (fwd_stages_o(hdim) ? fwd_staged_o_bytes(hdim) : 0);
+constexpr bool fwd_stages_o(int hdim, bool plain) {
+  return fwd_core_smem_bytes(hdim, plain) + fwd_staged_o_bytes(hdim) <= 227 * 1024;
+}
+constexpr int fwd_smem_bytes(int hdim, bool plain) {
+  return fwd_core_smem_bytes(hdim, plain) + (fwd_stages_o(hdim, plain) ? fwd_staged_o_bytes(hdim) : 0);
 }
 
-static_assert(fwd_smem_bytes(256) <= 227 * 1024);
+static_assert(fwd_smem_bytes(256, false) <= 227 * 1024);
+static_assert(fwd_smem_bytes(128, true) <= 227 * 1024);
 
 }  // namespace flashtile::cuda::sm90

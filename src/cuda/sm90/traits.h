@@ -30,14 +30,15 @@ CUTE_HOST_DEVICE constexpr auto smem_atom_k_major() {
   }
 }
 
-template <class Element_, int kHeadDim_, bool kHooks_ = false>
+// kPlain_: the variant without mask or score hooks, whose tile may be wider (tile_table.h block_n_plain).
+template <class Element_, int kHeadDim_, bool kHooks_ = false, bool kPlain_ = false>
 struct FwdTraits {
   using Element = Element_;
   static constexpr FwdTile kTile = fwd_tile(kHeadDim_);
   static_assert(kTile.hdim == kHeadDim_, "no sm90 forward tile-table entry for this head dim");
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = fwd_block_m(kHeadDim_, kHooks_);
-  static constexpr int kBlockN = kTile.block_n;
+  static constexpr int kBlockN = fwd_block_n(kHeadDim_, kPlain_);
   static constexpr int kStages = kTile.stages;
   // One producer warpgroup (TMA) and one consumer warpgroup per 64 query rows (wgmma's M).
   static constexpr int kConsumerWarpgroups = kBlockM / 64;
@@ -70,7 +71,7 @@ struct FwdTraits {
 
   // O's staging buffer, 64 rows per consumer warpgroup, where shared memory has room for it (tile_table.h).
   using StagedO = StagedTile<64, kHeadDim>;
-  static constexpr bool kStageO = fwd_stages_o(kHeadDim);
+  static constexpr bool kStageO = fwd_stages_o(kHeadDim, kPlain_);
 
   struct SharedStorage {
     alignas(1024) Element q[cosize_v<SmemLayoutQ>];

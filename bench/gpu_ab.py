@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""A/B of FlashTile builds in one process: the same cells, the same tensors, each build's cuda-sm90 call and
+cuDNN's timed in turn, rounds interleaved so that clock and thermal drift fall on every column alike.
+
+    python3 bench/gpu_ab.py --libs A=build-a/libflashtile_capi.so,B=build-b/libflashtile_capi.so \
+        --hdims 128 --seqlens 4096,8192 --json out.json
+
+Each build is its own ctypes.CDLL (RTLD_LOCAL: a build's calls bind to its own symbols). Shapes and TFLOP/s as
+bench/gpu_bench.py: bf16, 16k tokens, d_model 2048, CUDA events, 5 warm-up calls, the median of --reps per round;
+the reported figure is the median over --rounds rounds.
+"""
+import argparse
+import json
+import statistics
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from gpu_bench import FlashTile, time_ms
+
+
+def cell(libs, hdim, seqlen, causal, reps, rounds, direction, tokens=16384, d_model=2048):
+    b, h = max(1, tokens // seqlen), d_model // hdim
+    g = torch.Generator(device="cuda").manual_seed(seqlen * 1000 + hdim + causal)
+    mk = lambda: torch.randn(b, seqlen, h, hdim, device="cuda", dtype=torch.bfloat16, generator=g)
+    q, k, v, dout = mk(), mk(), mk(), mk()
+    out, lse = torch.empty_like(q), torch.empty(b, h, seqlen, device="cuda", dtype=torch.float32)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    flops = 4.0 * b * h * seqlen * seqlen * hdim / (2 if causal else 1) * (2.5 if direction == "bwd" else 1)
+    calls, kernels = {}, {}
+    for name, ft in libs.items():
+        if direction == "fwd":
+            fn = (lambda ft=ft: ft.forward(q, k, v, out, lse, causal=causal, backend="cuda-sm90"))
+        else:
+            ft.forward(q, k, v, out, lse, causal=causal, backend="cuda-sm90")
+            fn = (lambda ft=ft: ft.backward(q, k, v, out, dout, lse, dq, dk, dv, causal=causal, backend="cuda-sm90"))
+        kernels[name] = fn().split("\n")[0]
+        calls[name] = fn
+    qt, kt, vt, dot = (x.transpose(1, 2) for x in (q, k, v, dout))
+    if direction == "fwd":
+        def cudnn():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+    else:
+        qg, kg, vg = (x.detach().requires_grad_(True) for x in (qt, kt, vt))
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+        cudnn = lambda: torch.autograd.grad(o, (qg, kg, vg), dot, retain_graph=True)
+    calls["cudnn"] = cudnn
+    times = {n: [] for n in calls}
+    for _ in range(rounds):
+        for n, fn in calls.items():
+            times[n].append(time_ms(fn, reps))
+    res = {"hdim": hdim, "seqlen": seqlen, "causal": causal, "direction": direction, "kernels": kernels}
+    for n, ts in times.items():
+        res[n + "_ms"] = statistics.median(ts)
+        res[n + "_tflops"] = flops / (res[n + "_ms"] * 1e-3) / 1e12
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--libs", required=True, help="name=path,name=path")
+    ap.add_argument("--hdims", default="128")
+    ap.add_argument("--seqlens", default="2048,4096,8192,16384,32768")
+    ap.add_argument("--causal", default="0,1")
+    ap.add_argument("--directions", default="fwd")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    libs = {n: FlashTile(p) for n, p in (x.split("=", 1) for x in args.libs.split(","))}
+    rows = []
+    head = "".join(f" {n:>9}" for n in libs) + "     cudnn" + "".join(f" {n + '/cudnn':>12}" for n in libs)
+    print(f"dir hdim seqlen causal{head}")
+    for direction in args.directions.split(","):
+        for hdim in map(int, args.hdims.split(",")):
+            for s in map(int, args.seqlens.split(",")):
+                for c in map(int, args.causal.split(",")):
+                    r = cell(libs, hdim, s, bool(c), args.reps, args.rounds, direction)
+                    rows.append(r)
+                    tf = "".join(f" {r[n + '_tflops']:9.0f}" for n in libs)
+                    ratio = "".join(f" {r[n + '_tflops'] / r['cudnn_tflops']:12.3f}" for n in libs)
+                    print(f"{direction} {hdim:4d} {s:6d} {c:6d}{tf} {r['cudnn_tflops']:9.0f}{ratio}", flush=True)
+                    torch.cuda.empty_cache()
+    for r in rows[:1] + rows[-1:]:
+        for n, kname in r["kernels"].items():
+            print(f"  {n}: {kname[:160]}")
+    if args.json:
+        meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                "cudnn": torch.backends.cudnn.version(), "libs": args.libs}
+        json.dump({"meta": meta, "rows": rows}, open(args.json, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
