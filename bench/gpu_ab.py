@@ -49,13 +49,14 @@ def cell(libs, hdim, seqlen, causal, reps, rounds, direction, tokens=16384, d_mo
         cudnn = lambda: torch.autograd.grad(o, (qg, kg, vg), dot, retain_graph=True)
     calls["cudnn"] = cudnn
     times = {n: [] for n in calls}
-    for _ in range(rounds):
-        for n, fn in calls.items():
-            times[n].append(time_ms(fn, reps))
+    names = list(calls)
+    for i in range(rounds):  # each round starts one name later: no build keeps the slot after cuDNN's
+        for n in names[i % len(names):] + names[:i % len(names)]:
+            times[n].append(time_ms(calls[n], reps))
     res = {"hdim": hdim, "seqlen": seqlen, "causal": causal, "direction": direction, "kernels": kernels}
-    for n, ts in times.items():
-        res[n + "_ms"] = statistics.median(ts)
-        res[n + "_tflops"] = flops / (res[n + "_ms"] * 1e-3) / 1e12
+    for n, ts in times.items():  # keys as gpu_bench.py's, so that bench/plots.py draws the file
+        res[f"{n}_{direction}_ms"] = statistics.median(ts)
+        res[f"{n}_{direction}_tflops"] = flops / (res[f"{n}_{direction}_ms"] * 1e-3) / 1e12
     return res
 
 
@@ -80,9 +81,10 @@ def main():
                 for c in map(int, args.causal.split(",")):
                     r = cell(libs, hdim, s, bool(c), args.reps, args.rounds, direction)
                     rows.append(r)
-                    tf = "".join(f" {r[n + '_tflops']:9.0f}" for n in libs)
-                    ratio = "".join(f" {r[n + '_tflops'] / r['cudnn_tflops']:12.3f}" for n in libs)
-                    print(f"{direction} {hdim:4d} {s:6d} {c:6d}{tf} {r['cudnn_tflops']:9.0f}{ratio}", flush=True)
+                    tf = lambda n: r[f"{n}_{direction}_tflops"]
+                    cols = "".join(f" {tf(n):9.0f}" for n in libs)
+                    ratio = "".join(f" {tf(n) / tf('cudnn'):12.3f}" for n in libs)
+                    print(f"{direction} {hdim:4d} {s:6d} {c:6d}{cols} {tf('cudnn'):9.0f}{ratio}", flush=True)
                     torch.cuda.empty_cache()
     for r in rows[:1] + rows[-1:]:
         for n, kname in r["kernels"].items():
@@ -91,6 +93,11 @@ def main():
         meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                 "cudnn": torch.backends.cudnn.version(), "libs": args.libs}
         json.dump({"meta": meta, "rows": rows}, open(args.json, "w"), indent=1)
+        try:
+            import plots
+            plots.plot_file(args.json)
+        except ImportError as e:  # matplotlib absent: the JSON is still written
+            print(f"no plot: {e}")
 
 
 if __name__ == "__main__":

@@ -105,7 +105,10 @@ def draw(pts, title, unit, path):
             xs = sorted((p["seqlen"], p["value"]) for p in pts if p["group"] == g and p["lib"] == lib)
             if not xs:
                 continue
-            label, colour, ls = STYLE.get(lib, (lib, None, "-"))
+            # Libraries outside STYLE (gpu_ab.py's build names) take colours STYLE leaves free, so none repeats.
+            free = [f"C{i}" for i in (5, 6, 8, 9, 7, 4, 0)]
+            extra = [x for x in libs if x not in STYLE]
+            label, colour, ls = STYLE.get(lib, (lib, free[extra.index(lib) % len(free)] if lib in extra else None, "-"))
             if lib == "flashtile" and "sm90" in libs:  # GPU runs with both CUDA backends: name the first
                 label = "FlashTile cuda-sm80"
             ax.plot([x for x, _ in xs], [y for _, y in xs], ls, color=colour, marker="o", markersize=3.5,
