@@ -210,7 +210,7 @@ if has_step decode; then  # issue 14's decode cells: GB/s of K+V read against to
   timeout ${FT_DECODE_TIMEOUT:-240} python3 bench/gpu_decode.py --lib "$CAPI" --out "$OUT/gpu_decode" ${FT_DECODE_ARGS:-} \
     > "$OUT/decode.log" 2>&1
   note "DECODE: rc=$? ($(( $(date +%s) - t0 )) s)"
-  [[ -f $OUT/gpu_decode.md ]] && grep '^| ' "$OUT/gpu_decode.md" | cut -d'|' -f2-9,12-14 | tee -a "$SUMMARY" > /dev/null
+  [[ -f $OUT/gpu_decode.md ]] && grep '^| ' "$OUT/gpu_decode.md" | cut -d'|' -f2-10,12-16 | tee -a "$SUMMARY" > /dev/null
 fi
 
 # issue 15: context parallelism over NCCL on two GPUs, through the installed package (FT_PYTHON=1 now or in an
