@@ -8,10 +8,6 @@
 
 #include "common/cute_utils.h"
 
-#ifndef FLASHTILE_LAZY_RESCALE
-#define FLASHTILE_LAZY_RESCALE 0
-#endif
-
 namespace flashtile::cuda {
 
 template <int kRows>
@@ -45,12 +41,6 @@ struct OnlineSoftmax {
       CUTE_UNROLL
       for (int ni = 0; ni < size<1>(s); ++ni) m = fmaxf(m, s(mi, ni));
       m = quad_max(m);
-#if FLASHTILE_LAZY_RESCALE
-      // Lazy rescaling: a new max within 2^8 (in probability) of the running one is not taken, so P stays <= 256
-      // and alpha = 1 (the output's rescale is skipped). -inf rows take any new max ((m - -inf) = inf > 8; both
-      // -inf gives NaN, false, and m stays -inf).
-      if (!((m - row_max[mi]) * scale_log2 > 8.f)) m = row_max[mi] == -INFINITY ? m : row_max[mi];
-#endif
       // A row that has seen no visible key keeps max = -inf; use 0 so that -inf - max stays -inf.
       const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
       alpha[mi] = ex2(row_max[mi] * scale_log2 - m_scaled);  // ex2(-inf) = 0 on the first visible tile
@@ -69,12 +59,6 @@ struct OnlineSoftmax {
 
   template <class O>
   CUTE_DEVICE static void rescale(O& acc_o, const float (&alpha)[kRows]) {
-#if FLASHTILE_LAZY_RESCALE
-    bool any = false;
-    CUTE_UNROLL
-    for (int mi = 0; mi < kRows; ++mi) any |= alpha[mi] != 1.f;
-    if (!any) return;
-#endif
     CUTE_UNROLL
     for (int mi = 0; mi < kRows; ++mi) {
       CUTE_UNROLL
