@@ -6,7 +6,7 @@
 // Shape: one sequence, one new query token, GQA 32/8, head dim 128, bf16, 256 keys in the cache (the GPU work is
 // a few microseconds, so back-to-back calls are bound by the host). Each figure is the median over 7 loops of
 // `iterations` calls, in microseconds per call; the loops without waiting end with one synchronisation.
-// Build: see scripts/gpu_check.sh's `host` step (links libflashtile.a with the CUDA runtime).
+// Build: target flashtile_decode_host (bench/CMakeLists.txt, with FLASHTILE_WITH_CUDA and the apps).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
