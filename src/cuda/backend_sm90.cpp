@@ -104,11 +104,13 @@ class CudaSm90 final : public Backend {
       k.block_k = sm90::fwd_block_n(bucket, plain);
       k.threads = (consumers + 1) * 128;
       d << "hdim_bucket=" << bucket << " warpgroups=1 producer (TMA) + " << consumers
-        << " consumers (wgmma, 64 rows each) registers=" << sm90::kProducerRegs << "/" << sm90::consumer_regs(consumers) << " stages=" << t.stages
+        << " consumers (wgmma, 64 rows each) registers=" << sm90::kProducerRegs << "/"
+        << sm90::consumer_regs(consumers) << " stages=" << t.stages
         << " (K and V rings, mbarrier pipeline) scheduler=persistent, one CTA per SM, static snake waves, "
         << (kind == Kind::plain ? "blocks fastest" : "longest first")
         << " smem<=" << sm90::fwd_smem_bytes(bucket, plain) << "B"
-        << (sm90::fwd_stages_o(bucket, plain) && kind != Kind::hooks ? " O staged in shared memory" : " O stored from registers");
+        << (sm90::fwd_stages_o(bucket, plain) && kind != Kind::hooks ? " O staged in shared memory"
+                                                                       : " O stored from registers");
     } else {
       const sm90::BwdTile t = sm90::bwd_tile(bwd_hdim_of(p));
       k.block_q = t.block_m;

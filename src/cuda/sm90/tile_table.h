@@ -17,9 +17,9 @@ inline constexpr FwdTile kFwdTiles[] = {
     {64, 192, 128, 2, 0, "3 consumer warpgroups of 160 regs (O 32 + S 64); Q 24 KB + K/V 2 x 2 x 16 KB"},
     {96, 128, 128, 2, 0, "O 48 + S 64 regs; 120 KB smem"},
     {128, 128, 128, 2, 160,
-     "O 64 + S 64 regs; Q 32 KB + K/V 2 x 2 x 32 KB = 160 KB smem. Without mask 160 keys: S 80 regs, 192 KB + O's "
-     "staging 34 KB = 226 KB; 1.01-1.05x the 128-key tile at 2k-32k, 0.98x at 1k (A/B in one H200 run); 176 keys (FlashAttention-3's) "
-     "leaves no room for the staging: 0.94-1.00x"},
+     "O 64 + S 64 regs; Q 32 KB + K/V 2 x 2 x 32 KB = 160 KB smem. Without mask 160 keys: S 80 regs, 192 KB + "
+     "O's staging 34 KB = 226 KB; 1.01-1.05x the 128-key tile at 2k-32k, 0.98x at 1k (A/B in one H200 run); 176 "
+     "keys (FlashAttention-3's) leave no room for the staging: 0.94-1.00x"},
     {192, 128, 112, 2, 0, "O 96 + S 56 regs; block_n 112 keeps smem at 132 KB"},
     {256, 128, 80, 2, 0, "O 128 + S 40 regs; block_n 80: Q 64 KB + K/V 2 x 2 x 40 KB = 224 KB smem"},
 };
