@@ -28,7 +28,7 @@ def cell(libs, hdim, seqlen, causal, reps, rounds, direction, tokens=16384, d_mo
     out, lse = torch.empty_like(q), torch.empty(b, h, seqlen, device="cuda", dtype=torch.float32)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     flops = 4.0 * b * h * seqlen * seqlen * hdim / (2 if causal else 1) * (2.5 if direction == "bwd" else 1)
-    calls, kernels = {}, {}
+    calls, kernels, results = {}, {}, {}
     for name, ft in libs.items():
         if direction == "fwd":
             fn = (lambda ft=ft: ft.forward(q, k, v, out, lse, causal=causal, backend="cuda-sm90"))
@@ -37,6 +37,7 @@ def cell(libs, hdim, seqlen, causal, reps, rounds, direction, tokens=16384, d_mo
             fn = (lambda ft=ft: ft.backward(q, k, v, out, dout, lse, dq, dk, dv, causal=causal, backend="cuda-sm90"))
         kernels[name] = fn().split("\n")[0]
         calls[name] = fn
+        results[name] = [x.clone() for x in ((out, lse) if direction == "fwd" else (dq, dk, dv))]
     qt, kt, vt, dot = (x.transpose(1, 2) for x in (q, k, v, dout))
     if direction == "fwd":
         def cudnn():
@@ -53,7 +54,13 @@ def cell(libs, hdim, seqlen, causal, reps, rounds, direction, tokens=16384, d_mo
     for i in range(rounds):  # each round starts one name later: no build keeps the slot after cuDNN's
         for n in names[i % len(names):] + names[:i % len(names)]:
             times[n].append(time_ms(calls[n], reps))
-    res = {"hdim": hdim, "seqlen": seqlen, "causal": causal, "direction": direction, "kernels": kernels}
+    # Each build's outputs against the first build's on the same inputs: builds that change only the schedule agree
+    # bit for bit; a difference is printed beside the cell.
+    first = next(iter(results))
+    diff = {n: max((a.float() - b.float()).abs().max().item() for a, b in zip(r, results[first]))
+            for n, r in results.items() if n != first}
+    res = {"hdim": hdim, "seqlen": seqlen, "causal": causal, "direction": direction, "kernels": kernels,
+           "max_abs_diff_vs_first": diff}
     for n, ts in times.items():  # keys as gpu_bench.py's, so that bench/plots.py draws the file
         res[f"{n}_{direction}_ms"] = statistics.median(ts)
         res[f"{n}_{direction}_tflops"] = flops / (res[f"{n}_{direction}_ms"] * 1e-3) / 1e12
@@ -84,7 +91,8 @@ def main():
                     tf = lambda n: r[f"{n}_{direction}_tflops"]
                     cols = "".join(f" {tf(n):9.0f}" for n in libs)
                     ratio = "".join(f" {tf(n) / tf('cudnn'):12.3f}" for n in libs)
-                    print(f"{direction} {hdim:4d} {s:6d} {c:6d}{cols} {tf('cudnn'):9.0f}{ratio}", flush=True)
+                    diffs = "".join(f"  {n}: max |diff| {x:.3g}" for n, x in r["max_abs_diff_vs_first"].items() if x)
+                    print(f"{direction} {hdim:4d} {s:6d} {c:6d}{cols} {tf('cudnn'):9.0f}{ratio}{diffs}", flush=True)
                     torch.cuda.empty_cache()
     for r in rows[:1] + rows[-1:]:
         for n, kname in r["kernels"].items():
