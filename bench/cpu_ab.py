@@ -15,24 +15,14 @@ import json
 import os
 import statistics
 import sys
-import time
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import SDPBackend
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ab_common import rotated_rounds, sdpa_peer  # noqa: E402
+from decode import median_s  # noqa: E402
 from gpu_bench import FlashTile  # noqa: E402  (the ctypes binding; CPU tensors give device -1)
-
-
-def seconds(fn, iters):
-    fn()
-    ts = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
 
 
 def cell(libs, d, s, causal, direction, dtype, iters, rounds):
@@ -50,21 +40,8 @@ def cell(libs, d, s, causal, direction, dtype, iters, rounds):
             calls[name] = lambda ft=ft: ft.backward(q, k, v, out, do, lse, dq, dk, dv, causal=causal,
                                                     backend="cpu-flash")
     qt, kt, vt, dot = (x.transpose(1, 2) for x in (q, k, v, do))
-    if direction == "fwd":
-        def torch_flash():
-            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-    else:
-        qg, kg, vg = (x.detach().requires_grad_(True) for x in (qt, kt, vt))
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
-        torch_flash = lambda: torch.autograd.grad(o, (qg, kg, vg), dot, retain_graph=True)
-    calls["torch_flash"] = torch_flash
-    names = list(calls)
-    times = {n: [] for n in names}
-    for i in range(rounds):
-        for n in names[i % len(names):] + names[:i % len(names)]:
-            times[n].append(seconds(calls[n], iters))
+    calls["torch_flash"] = sdpa_peer(SDPBackend.FLASH_ATTENTION, qt, kt, vt, dot, causal, direction)
+    times = rotated_rounds(calls, rounds, lambda fn: median_s(fn, iters, warmup=1))
     flops = 4.0 * 8 * s * s * d / (2 if causal else 1) * (2.5 if direction == "bwd" else 1)
     res = {"hdim": d, "seqlen": s, "causal": causal, "direction": direction, "dtype": str(dtype).split(".")[-1],
            "threads": int(os.environ.get("OMP_NUM_THREADS", "0"))}

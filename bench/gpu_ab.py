@@ -14,9 +14,9 @@ import json
 import statistics
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import SDPBackend
 
+from ab_common import rotated_rounds, sdpa_peer
 from gpu_bench import FlashTile, time_ms
 
 
@@ -39,21 +39,8 @@ def cell(libs, hdim, seqlen, causal, reps, rounds, direction, tokens=16384, d_mo
         calls[name] = fn
         results[name] = [x.clone() for x in ((out, lse) if direction == "fwd" else (dq, dk, dv))]
     qt, kt, vt, dot = (x.transpose(1, 2) for x in (q, k, v, dout))
-    if direction == "fwd":
-        def cudnn():
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-    else:
-        qg, kg, vg = (x.detach().requires_grad_(True) for x in (qt, kt, vt))
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
-        cudnn = lambda: torch.autograd.grad(o, (qg, kg, vg), dot, retain_graph=True)
-    calls["cudnn"] = cudnn
-    times = {n: [] for n in calls}
-    names = list(calls)
-    for i in range(rounds):  # each round starts one name later: no build keeps the slot after cuDNN's
-        for n in names[i % len(names):] + names[:i % len(names)]:
-            times[n].append(time_ms(calls[n], reps))
+    calls["cudnn"] = sdpa_peer(SDPBackend.CUDNN_ATTENTION, qt, kt, vt, dot, causal, direction)
+    times = rotated_rounds(calls, rounds, lambda fn: time_ms(fn, reps))
     # Each build's outputs against the first build's on the same inputs: builds that change only the schedule agree
     # bit for bit; a difference is printed beside the cell.
     first = next(iter(results))

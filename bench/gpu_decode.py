@@ -44,6 +44,7 @@ from torch.nn.attention.bias import causal_lower_right
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from gpu_bench import FlashTile, find_lib, time_ms  # noqa: E402  the ctypes binding of the C ABI, CUDA-event timing
+from gpu_profile import kernel_times  # noqa: E402
 
 HQ, HKV, D = 32, 8, 128
 HBM_PEAK_GBS = 4800.0  # H200 HBM3e
@@ -91,19 +92,11 @@ def host_us(fn, calls=50):
 
 
 def peer_device_ms(fn, reps):
-    """A peer's device time per call: its kernels' (and memsets') durations summed over `reps` back-to-back calls
-    (torch's kernels of one call run one after the other), over reps; None without a profiler."""
+    """A peer's device time per call (ms): its kernels' and memsets' durations over `reps` back-to-back calls
+    (gpu_profile.py kernel_times; torch's kernels of one call run one after the other); None without a profiler."""
     try:
-        from torch.autograd import DeviceType
-        from torch.profiler import ProfilerActivity, profile
-        fn()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(reps):
-                fn()
-            torch.cuda.synchronize()
-        total = sum(e.time_range.end - e.time_range.start for e in prof.events() if e.device_type == DeviceType.CUDA)
-        return total / 1e3 / reps if total > 0 else None
+        total_us = kernel_times(fn, reps)[0]
+        return total_us / 1e3 if total_us > 0 else None
     except Exception as e:
         print(f"profiler unavailable: {e}", file=sys.stderr)
         return None
