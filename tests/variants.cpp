@@ -176,6 +176,7 @@ VarResults var_standard(const VarProblem& p, bool with_backward) {
       return static_cast<std::size_t>(c.varlen() ? h * p.total_q + qr + i : (b * c.hq + h) * c.sq + i);
     };
     std::vector<float> S(static_cast<std::size_t>(sq * sk)), P(S.size()), dT(S.size(), 1.0f);
+    std::vector<double> mag(static_cast<std::size_t>(sk));  // one row's score magnitudes (row_score_sensitivity)
     for (std::int64_t h = 0; h < c.hq; ++h) {
       const std::int64_t hk = h / group;
       const float slope = slopes.empty() ? 0.0f : static_cast<float>(slopes[static_cast<std::size_t>((c.alibi == 2 ? b * c.hq : 0) + h)]);
@@ -184,14 +185,23 @@ VarResults var_standard(const VarProblem& p, bool with_backward) {
         float m = sink;
         for (std::int64_t j = 0; j < sk; ++j) {
           float s = 0.0f;
-          for (std::int64_t e = 0; e < c.d; ++e) s += static_cast<float>(q[qi(i, h) + e] * k[ki(j, hk, c.d) + e]);
+          double terms = 0.0;
+          for (std::int64_t e = 0; e < c.d; ++e) {
+            const double qk = q[qi(i, h) + e] * k[ki(j, hk, c.d) + e];
+            s += static_cast<float>(qk);
+            terms += std::abs(qk);
+          }
+          double size = scale * terms;  // the score's rounding (row_score_sensitivity's mag_j) ...
           s = static_cast<float>(rd(s * scale));
           if (c.softcap > 0.0f) {
             const float th = std::tanh(s / c.softcap);
             s = c.softcap * th;
             dT[i * sk + j] = 1.0f - th * th;
+            size = size * dT[i * sk + j] + std::abs(s);  // ... through the cap's slope, and the cap's own rounding
           }
           s -= slope * std::abs(static_cast<float>(i + sk - sq - j));
+          // ... and, as in var_score_magnitude, the ALiBi term's rounding at its own size.
+          mag[static_cast<std::size_t>(j)] = size + std::abs(slope * static_cast<double>(i + sk - sq - j));
           S[i * sk + j] = visible(c, sq, sk, i, j) ? s : -kInf;
           m = std::max(m, S[i * sk + j]);
         }
@@ -209,6 +219,11 @@ VarResults var_standard(const VarProblem& p, bool with_backward) {
             if (l != 0.0f && visible(c, sq, sk, i, j)) o += P[i * sk + j] * static_cast<float>(v[ki(j, hk, c.dv) + e]);
           r.out[oi(i, h) + e] = rd(o);
         }
+        if (l != 0.0f)
+          r.out_score_sensitivity = std::max(
+              r.out_score_sensitivity,
+              row_score_sensitivity(sk, c.dv, P.data() + i * sk, mag.data(),
+                                    [&](std::int64_t j, std::int64_t e) { return v[ki(j, hk, c.dv) + e]; }, r.out.data() + oi(i, h)));
       }
       if (!with_backward) continue;
       for (std::int64_t i = 0; i < sq; ++i) {
@@ -265,15 +280,14 @@ double var_score_magnitude(const VarProblem& p) {
 }
 
 bool var_close(const std::vector<double>& got, const std::vector<double>& standard, const std::vector<double>& ref,
-               DType dtype, double magnitude) {
-  const double tol = 2.0 * max_abs_error(standard, ref) + 8.0 * eps(dtype) * std::max({max_abs(ref), magnitude, 1e-3});
-  return max_abs_error(got, ref) <= tol;
+               DType dtype, double magnitude, double score_sensitivity) {
+  return max_abs_error(got, ref) <= tolerance(standard, ref, dtype, magnitude, score_sensitivity);
 }
 
 void expect_var_close(const VarProblem& p, const VarResults& ref, const VarResults& standard, bool with_backward) {
   const DType t = p.c.dtype;
   if (!with_backward) {
-    expect_close("out", p.out->to_double(), standard.out, ref.out, t);
+    expect_close("out", p.out->to_double(), standard.out, ref.out, t, 0.0, standard.out_score_sensitivity);
     expect_close("lse", p.lse->to_double(), standard.lse, ref.lse, t, var_score_magnitude(p));
     return;
   }

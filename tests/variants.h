@@ -55,6 +55,7 @@ struct VarProblem {
 
 struct VarResults {
   std::vector<double> out, lse, dq, dk, dv, dsinks;  // logical row-major order of the tensors
+  double out_score_sensitivity = 0.0;  // standard attention's (support.h row_score_sensitivity)
 };
 
 VarResults var_oracle(const VarProblem& p, bool with_backward);
@@ -67,7 +68,7 @@ double var_score_magnitude(const VarProblem& p);
 
 // Whether the kernel's results are within the tolerance of support.h's expect_close (no gtest assertion).
 bool var_close(const std::vector<double>& got, const std::vector<double>& standard, const std::vector<double>& ref,
-               DType dtype, double magnitude);
+               DType dtype, double magnitude, double score_sensitivity = 0.0);
 // Compares out and lse (and, with_backward, dq, dk, dv, dsinks) with expect_close.
 void expect_var_close(const VarProblem& p, const VarResults& ref, const VarResults& standard, bool with_backward);
 
