@@ -3,7 +3,7 @@
 # (`setup.sh demo`), by the test command (scripts/test.sh runs `setup.sh test`) and so by CI (.ci/run).
 #
 #   demo  apt: cmake ninja-build g++ libopenblas-dev libgtest-dev (the cpu preset builds the tests too)
-#   test  demo's list, plus apt: python3 python3-venv python3-dev;
+#   test  demo's list, plus apt: python3 python3-venv python3-dev ccache (scripts/test.sh: why);
 #         the pinned CUTLASS/CuTe headers (pip nvidia-cutlass==4.2.0.0 --no-deps) when nvcc is found;
 #         a Python venv ($FLASHTILE_VENV, default ~/.cache/flashtile/venv) holding the Python tests'
 #         dependencies: pytest, numpy, ml_dtypes and torch (FLASHTILE_CI_TORCH=0 leaves torch out).
@@ -29,7 +29,7 @@ say() { echo "setup: $*"; }
 
 # --- apt packages ---------------------------------------------------------------------------------------
 apt_list=(cmake ninja-build g++ libopenblas-dev libgtest-dev)
-if [ "$mode" = test ]; then apt_list+=(python3 python3-venv python3-dev); fi
+if [ "$mode" = test ]; then apt_list+=(python3 python3-venv python3-dev ccache); fi
 
 missing=()
 if command -v dpkg-query >/dev/null 2>&1; then

@@ -12,11 +12,34 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=${FLASHTILE_JOBS:-$(nproc)}
+# Each step's wall time, printed as it ends and listed again at the exit (CI's budget for a run: 30 minutes).
+times=()
+t0=$(date +%s)
+lap() { times+=("$(printf '%5ds  %s' "$SECONDS" "$1")"); echo "--- $1 took ${SECONDS}s"; SECONDS=0; }
+ccache_on=0
+report() {
+  printf 'test.sh step times (%ds in all):\n' "$(( $(date +%s) - t0 ))"
+  printf '  %s\n' "${times[@]}"
+  if [ "$ccache_on" = 1 ]; then ccache --show-stats | grep -Ei 'hits|misses' || true; fi
+}
+trap report EXIT
 
 bash scripts/setup.sh test
+lap "setup"
+
+# ccache: the Python package's `pip install .` compiles the same library sources with the same flags as the ci
+# preset, and a re-run compiles what did not change; ccache returns those objects instead of compiling them again.
+# CCACHE_BASEDIR hashes paths relative to this tree (hits across clones in other folders), CCACHE_NOHASHDIR lets
+# the -g objects of the sanitizer build hit too. FLASHTILE_CCACHE=0 turns it off.
+if [ "${FLASHTILE_CCACHE:-1}" = 1 ] && command -v ccache >/dev/null 2>&1; then
+  export CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1
+  ccache --zero-stats >/dev/null
+  ccache_on=1
+fi
 
 cmake --preset ci
 cmake --build --preset ci -j "$jobs"
+lap "ci build"
 mapfile -t paths < <(build/ci/apps/flashtile/flashtile info --isa-paths)
 if [ ${#paths[@]} -eq 0 ]; then
   echo "test.sh: FAIL: 'flashtile info --isa-paths' listed no CPU ISA path to test" >&2
@@ -26,16 +49,21 @@ echo "CPU ISA paths to test: ${paths[*]}"
 for isa in "${paths[@]}"; do
   echo "=== ctest, FLASHTILE_CPU_ISA=$isa ==="
   FLASHTILE_CPU_ISA=$isa ctest --preset ci -j "$jobs" --no-tests=error
+  lap "ctest $isa"
 done
 
 echo "=== cmake --install and the consumer project (tests/consumer) ==="
 bash scripts/consumer_check.sh build/ci
+lap "install + consumer"
 
 echo "=== ASan + UBSan ==="
 cmake --preset sanitize
 cmake --build --preset sanitize -j "$jobs"
+lap "sanitize build"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --preset sanitize -j "$jobs" --no-tests=error
+lap "sanitize ctest"
 
 echo "=== Python package ==="
 bash scripts/ci_python.sh
+lap "python"
