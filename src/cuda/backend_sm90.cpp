@@ -77,7 +77,8 @@ class CudaSm90 final : public Backend {
                       " hdim " + std::to_string(bucket) + " (cuda-sm90 built: " + (*built ? built : "none") +
                       "; FLASHTILE_CUDA_SM90 and FLASHTILE_CUDA_KERNELS choose)");
       }
-      const int smem = sm90::fwd_smem_bytes(bucket, cuda::kind_of(p) == Kind::plain);
+      const Kind kind = cuda::kind_of(p);
+      const int smem = sm90::fwd_smem_bytes(bucket, kind == Kind::plain, kind == Kind::hooks);
       if (!p.is_backward() && smem > gpu->smem_optin)
         why.push_back("shared memory: the hdim " + std::to_string(bucket) + " kernel needs " +
                       std::to_string(smem) + " bytes per block, " + gpu->name + " allows " +
@@ -108,9 +109,9 @@ class CudaSm90 final : public Backend {
         << sm90::consumer_regs(consumers) << " stages=" << t.stages
         << " (K and V rings, mbarrier pipeline) scheduler=persistent, one CTA per SM, static snake waves, "
         << (kind == Kind::plain ? "blocks fastest" : "longest first")
-        << " smem<=" << sm90::fwd_smem_bytes(bucket, plain) << "B"
-        << (sm90::fwd_stages_o(bucket, plain) && kind != Kind::hooks ? " O staged in shared memory"
-                                                                       : " O stored from registers");
+        << " smem<=" << sm90::fwd_smem_bytes(bucket, plain, kind == Kind::hooks) << "B"
+        << (sm90::fwd_stages_o(bucket, plain, kind == Kind::hooks) ? " O staged in shared memory"
+                                                                    : " O stored from registers");
     } else {
       const sm90::BwdTile t = sm90::bwd_tile(bwd_hdim_of(p));
       k.block_q = t.block_m;

@@ -192,8 +192,18 @@ TEST_P(GpuVariants, MatchesReference) {
   const auto fwd = gpu.forward();
   EXPECT_EQ(fwd.ran.backend, gpu_backend());
   EXPECT_NE(fwd.ran.kernel.find(expected_variant(c)), std::string::npos) << fwd.ran.kernel;
-  const auto bwd = gpu.backward(false);
-  EXPECT_NE(bwd.ran.kernel.find(expected_variant(c)), std::string::npos) << bwd.ran.kernel;
+  // A forward-only subset build (e.g. FLASHTILE_CUDA_KERNELS=sm90_fwd_bf16_hdim128) checks the forward, then skips.
+  std::string bwd_missing;
+  {
+    const auto r = flashtile::explain_backward(gpu.q->view(), gpu.k->view(), gpu.v->view(), gpu.out->view(),
+                                               gpu.dout->view(), gpu.lse->view(), gpu.dq->view(), gpu.dk->view(),
+                                               gpu.dv->view(), gpu.o);
+    if (r.ran.backend.empty() && r.to_string().find("kernel not built") != std::string::npos) bwd_missing = r.to_string();
+  }
+  if (bwd_missing.empty()) {
+    const auto bwd = gpu.backward(false);
+    EXPECT_NE(bwd.ran.kernel.find(expected_variant(c)), std::string::npos) << bwd.ran.kernel;
+  }
   FT_CUDA_OK(cudaDeviceSynchronize());
   const Out got = gpu.results();
 
@@ -206,6 +216,7 @@ TEST_P(GpuVariants, MatchesReference) {
   const DType t = c.dtype;
   ft_test::expect_close("out", got.out, std_attn.out, ref.out, t);
   ft_test::expect_close("lse", got.lse, std_attn.lse, ref.lse, t, lse_magnitude(p));
+  if (!bwd_missing.empty()) GTEST_SKIP() << "forward checked; backward: " << bwd_missing;
   const double mag = std::max({ft_test::max_abs(ref.dq), ft_test::max_abs(ref.dk), ft_test::max_abs(ref.dv)});
   ft_test::expect_close("dq", got.dq, std_attn.dq, ref.dq, t, mag);
   ft_test::expect_close("dk", got.dk, std_attn.dk, ref.dk, t, mag);

@@ -347,9 +347,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     // Every product of this tile is done: Q's buffer may take the next tile's (its load overlaps this epilogue).
     cutlass::arch::ClusterBarrier::arrive(&ss.barrier_q_empty);
 
-    // Epilogue: normalise; LSE from the lanes that own each row; O through shared memory where it fits (each
-    // warpgroup stages its 64 rows and stores them itself), else as pairs of 16-bit values from the accumulator.
-    // Not with score hooks: their kernel spilled 68 bytes staged, against 8.
+    // Epilogue: normalise; LSE from the lanes that own each row; O through shared memory where tile_table.h
+    // fwd_stages_o has it (each warpgroup stages its 64 rows and stores them itself), else as pairs of 16-bit values
+    // from the accumulator.
     float lse[kRows];
     softmax.finalize(acc_o_rc, score_scale, lse);
     if (tidx % 4 == 0) {
@@ -359,7 +359,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
         if (row < sq) lse_bh[row * a.lse_stride.row] = lse[mi];
       }
     }
-    if constexpr (Traits::kStageO && !kHooks) {
+    if constexpr (Traits::kStageO) {
       using Staged = typename Traits::StagedO;
       const int wg = warpgroup - 1, r0 = wg * 64;
       Element* s_o = ss.o + wg * Staged::kElems;

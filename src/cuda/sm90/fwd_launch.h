@@ -55,7 +55,7 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
                            select<1, 2>(TileShape{}), _1{});
   auto kernel = fwd_kernel<Traits, V>;
   constexpr int smem = Traits::kSmemBytes;
-  static_assert(smem <= fwd_smem_bytes(kHeadDim, kPlain));
+  static_assert(smem <= fwd_smem_bytes(kHeadDim, kPlain, V::kHooks));
   const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   kernel<<<grid, Traits::kThreads, smem, stream>>>(kp);

@@ -69,9 +69,9 @@ struct FwdTraits {
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
 
-  // O's staging buffer, 64 rows per consumer warpgroup, where shared memory has room for it (tile_table.h).
+  // O's staging buffer, 64 rows per consumer warpgroup, where tile_table.h fwd_stages_o has it.
   using StagedO = StagedTile<64, kHeadDim>;
-  static constexpr bool kStageO = fwd_stages_o(kHeadDim, kPlain_);
+  static constexpr bool kStageO = fwd_stages_o(kHeadDim, kPlain_, kHooks_);
 
   struct SharedStorage {
     alignas(1024) Element q[cosize_v<SmemLayoutQ>];
