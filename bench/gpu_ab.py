@@ -20,7 +20,7 @@ from ab_common import rotated_rounds, sdpa_peer
 from gpu_bench import FlashTile, time_ms
 
 
-def cell(libs, hdim, seqlen, causal, reps, rounds, direction, tokens=16384, d_model=2048):
+def cell(libs, hdim, seqlen, causal, reps, rounds, direction, hook="none", tokens=16384, d_model=2048):
     b, h = max(1, tokens // seqlen), d_model // hdim
     g = torch.Generator(device="cuda").manual_seed(seqlen * 1000 + hdim + causal)
     mk = lambda: torch.randn(b, seqlen, h, hdim, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -29,9 +29,14 @@ def cell(libs, hdim, seqlen, causal, reps, rounds, direction, tokens=16384, d_mo
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     flops = 4.0 * b * h * seqlen * seqlen * hdim / (2 if causal else 1) * (2.5 if direction == "bwd" else 1)
     calls, kernels, results = {}, {}, {}
+    # --hook: FlashTile's forward with a score hook (softcap 30, or ALiBi slopes 2^(-8 (h+1) / H)); cuDNN's call stays
+    # plain (SDPA has neither), the yardstick of the plain kernel.
+    extra = {"softcap": {"softcap": 30.0},
+             "alibi": {"alibi_slopes": torch.tensor([2.0 ** (-8.0 * (i + 1) / h) for i in range(h)], device="cuda")},
+             "none": {}}[hook]
     for name, ft in libs.items():
         if direction == "fwd":
-            fn = (lambda ft=ft: ft.forward(q, k, v, out, lse, causal=causal, backend="cuda-sm90"))
+            fn = (lambda ft=ft: ft.forward(q, k, v, out, lse, causal=causal, backend="cuda-sm90", **extra))
         else:
             ft.forward(q, k, v, out, lse, causal=causal, backend="cuda-sm90")
             fn = (lambda ft=ft: ft.backward(q, k, v, out, dout, lse, dq, dk, dv, causal=causal, backend="cuda-sm90"))
@@ -63,6 +68,7 @@ def main():
     ap.add_argument("--directions", default="fwd")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--hook", default="none", choices=["none", "softcap", "alibi"], help="forward only")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     libs = {n: FlashTile(p) for n, p in (x.split("=", 1) for x in args.libs.split(","))}
@@ -73,7 +79,7 @@ def main():
         for hdim in map(int, args.hdims.split(",")):
             for s in map(int, args.seqlens.split(",")):
                 for c in map(int, args.causal.split(",")):
-                    r = cell(libs, hdim, s, bool(c), args.reps, args.rounds, direction)
+                    r = cell(libs, hdim, s, bool(c), args.reps, args.rounds, direction, args.hook)
                     rows.append(r)
                     tf = lambda n: r[f"{n}_{direction}_tflops"]
                     cols = "".join(f" {tf(n):9.0f}" for n in libs)
@@ -86,7 +92,7 @@ def main():
             print(f"  {n}: {kname[:160]}")
     if args.json:
         meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-                "cudnn": torch.backends.cudnn.version(), "libs": args.libs}
+                "cudnn": torch.backends.cudnn.version(), "libs": args.libs, "hook": args.hook}
         json.dump({"meta": meta, "rows": rows}, open(args.json, "w"), indent=1)
         try:
             import plots

@@ -40,6 +40,13 @@ def ft_tensor(t):
     return s
 
 
+class FtVariants(ctypes.Structure):  # include/flashtile/capi.h ft_variants
+    _fields_ = [("struct_size", ctypes.c_uint64), ("window_left", ctypes.c_int64), ("window_right", ctypes.c_int64),
+                ("softcap", ctypes.c_double)] + [(n, ctypes.POINTER(FtTensor)) for n in (
+                    "alibi_slopes", "sinks", "dsinks", "cu_seqlens_q", "cu_seqlens_k", "seqused_k")] + [
+                ("max_seqlen_q", ctypes.c_int64), ("max_seqlen_k", ctypes.c_int64)]
+
+
 _DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
@@ -51,6 +58,9 @@ class FlashTile:
         p = ctypes.POINTER(FtTensor)
         self.lib.ft_forward.argtypes = [p] * 5 + [ctypes.c_int, ctypes.c_int, ctypes.c_double, ctypes.c_int,
                                                   ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+        self.lib.ft_forward_ex.argtypes = [p] * 5 + [ctypes.c_int, ctypes.c_int, ctypes.c_double, ctypes.c_int,
+                                                     ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(FtVariants),
+                                                     ctypes.c_char_p, ctypes.c_int]
         self.lib.ft_backward.argtypes = [p] * 9 + [ctypes.c_int, ctypes.c_int, ctypes.c_double, ctypes.c_int,
                                                    ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
                                                    ctypes.c_int]
@@ -62,11 +72,19 @@ class FlashTile:
     def _dev(self, t):
         return t.device.index if t.is_cuda else -1
 
-    def forward(self, q, k, v, out, lse, causal=False, scale=None, backend="cuda-sm80", strict=True):
+    def forward(self, q, k, v, out, lse, causal=False, scale=None, backend="cuda-sm80", strict=True, softcap=0.0,
+                alibi_slopes=None):
         ts = [ft_tensor(x) for x in (q, k, v, out, lse)]
-        rc = self.lib.ft_forward(*[ctypes.byref(x) for x in ts], _DTYPES[q.dtype], self._dev(q),
-                                 math.nan if scale is None else scale, int(causal), backend.encode(), int(strict),
-                                 self.msg, len(self.msg))
+        args = [*[ctypes.byref(x) for x in ts], _DTYPES[q.dtype], self._dev(q), math.nan if scale is None else scale,
+                int(causal), backend.encode(), int(strict)]
+        if softcap or alibi_slopes is not None:  # the score hooks: ft_forward_ex
+            var = FtVariants(ctypes.sizeof(FtVariants), -1, -1, softcap)
+            if alibi_slopes is not None:
+                self._slopes = ft_tensor(alibi_slopes)  # kept alive for the call
+                var.alibi_slopes = ctypes.pointer(self._slopes)
+            rc = self.lib.ft_forward_ex(*args, ctypes.byref(var), self.msg, len(self.msg))
+        else:
+            rc = self.lib.ft_forward(*args, self.msg, len(self.msg))
         if rc != 0:
             raise RuntimeError(f"ft_forward failed ({rc}): {self.msg.value.decode()}")
         return self.msg.value.decode()
