@@ -31,8 +31,9 @@ lap "setup"
 # preset, and a re-run compiles what did not change; ccache returns those objects instead of compiling them again.
 # CCACHE_BASEDIR hashes paths relative to this tree (hits across clones in other folders), CCACHE_NOHASHDIR lets
 # the -g objects of the sanitizer build hit too. ccache's hash includes the compiler's name, and pip's build takes
-# Python's sysconfig CXX (g++) where CMake alone takes c++: CC and CXX name one compiler for every build (the fresh
-# root's first run with ccache hit 15 of 198 compiles without this). FLASHTILE_CCACHE=0 turns it off.
+# Python's sysconfig CXX (g++) where CMake alone takes c++: CC and CXX name one compiler for every build (with
+# that, one object compiled in build/ci hits from the pip build here; the fresh root still counted 15 hits of 198,
+# not explained yet: README). FLASHTILE_CCACHE=0 turns it off.
 if [ "${FLASHTILE_CCACHE:-1}" = 1 ] && command -v ccache >/dev/null 2>&1; then
   export CC=${CC:-cc} CXX=${CXX:-c++}
   export CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1
