@@ -138,13 +138,13 @@ class ScopedCpuIsa {
   std::string old_;
 };
 
-// The tolerance every comparison uses: 2 · err(standard) + 8 · eps · max(max|ref|, magnitude, 1e-3)
+// The tolerance every comparison uses: 2 · std_err + 8 · eps · max(max|ref|, magnitude, 1e-3)
 // + 8 · eps(float32) · score_sensitivity. `magnitude` is the scale of the quantities the output is summed from
 // (for gradients: the largest of the three gradients), so an output that is exactly 0 in theory (a softmax over
 // one key has dq = dk = 0) is allowed the rounding of the terms that cancel. `score_sensitivity` (for O:
 // row_score_sensitivity's largest) is in float32's eps whatever the dtype: every backend, and standard attention
-// before it rounds S, sums the scores in float32.
-double tolerance(const std::vector<double>& standard, const std::vector<double>& ref, DType dtype, double magnitude = 0.0,
+// before it rounds S, sums the scores in float32. std_err: standard attention's max_abs_error against ref.
+double tolerance(double std_err, const std::vector<double>& ref, DType dtype, double magnitude = 0.0,
                  double score_sensitivity = 0.0);
 // FLASHTILE_TEST_VERBOSE=1 prints every comparison (error, standard error, tolerance, their ratio).
 // Asserts err(got) <= tolerance(...) and prints both errors on failure.

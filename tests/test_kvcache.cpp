@@ -175,8 +175,8 @@ TEST_P(KvCache, MatchesOracleAndAppendsInPlace) {
   // An empty isa keeps the path the run chose (FLASHTILE_CPU_ISA of a per-ISA suite, else the best one): a
   // cleared variable here sent every listed and drawn case of those suites down the default path.
   std::optional<ScopedCpuIsa> isa;
-  if (!kc.isa.empty()) isa.emplace(kc.isa.c_str());
   if (!kc.isa.empty()) {
+    isa.emplace(kc.isa.c_str());
     const auto paths = flashtile::cpu_isa_paths();
     if (std::find(paths.begin(), paths.end(), kc.isa) == paths.end()) GTEST_SKIP() << kc.isa << " not runnable here";
   }

@@ -281,7 +281,7 @@ double var_score_magnitude(const VarProblem& p) {
 
 bool var_close(const std::vector<double>& got, const std::vector<double>& standard, const std::vector<double>& ref,
                DType dtype, double magnitude, double score_sensitivity) {
-  return max_abs_error(got, ref) <= tolerance(standard, ref, dtype, magnitude, score_sensitivity);
+  return max_abs_error(got, ref) <= tolerance(max_abs_error(standard, ref), ref, dtype, magnitude, score_sensitivity);
 }
 
 void expect_var_close(const VarProblem& p, const VarResults& ref, const VarResults& standard, bool with_backward) {
