@@ -32,6 +32,7 @@ struct KvCase {
   VarCase v;                      // v.sk = the longest L_b; v.seqused_k = every L_b
   std::int64_t snew = 0;          // keys appended by the call (<= every L_b)
   std::int64_t page = 0;          // 0: contiguous cache
+  std::int64_t unreached_columns = 1;  // paged: block-table columns past every sequence (garbage entries)
   bool slots = false;             // contiguous: cache_batch_idx permutes the sequences over more slots than B
   bool full = false;              // no cache_seqlens: every sequence fills its cache (contiguous, L_b = capacity)
   int splits = 0;
@@ -74,7 +75,7 @@ Cache build_cache(const KvCase& kc, const VarProblem& p, std::mt19937_64& rng) {
     std::int64_t pages = 0, max_pages = 0;
     for (std::int64_t L : len) pages += (L + kc.page - 1) / kc.page, max_pages = std::max(max_pages, (L + kc.page - 1) / kc.page);
     pages += 3;  // pages no sequence uses
-    max_pages += 1;  // a block-table column no sequence reaches (its entries are garbage on purpose)
+    max_pages += kc.unreached_columns;  // columns no sequence reaches (their entries are garbage on purpose)
     std::vector<std::int64_t> perm(static_cast<std::size_t>(pages));
     std::iota(perm.begin(), perm.end(), 0);
     std::shuffle(perm.begin(), perm.end(), rng);

@@ -109,6 +109,9 @@ struct DevCall {
     o.strict = true;
     return o;
   }
+  flashtile::DispatchReport explain(int splits, const flashtile::Options& o) const {
+    return flashtile::explain_forward_kvcache(q->view(), cache(splits), out->view(), lse->view(), o);
+  }
   flashtile::DispatchReport run(int splits, const flashtile::Options& o, bool async_check = false) const {
     flashtile::KVCache kv = cache(splits);
     kv.async_index_check = async_check;
@@ -142,6 +145,10 @@ KvCase on_gpu(KvCase k, int i) {
   k.isa.clear();
   return k;
 }
+
+// Block-table columns that put a call of 3 or more sequences past the one-CTA index check (16384 entries,
+// src/cuda/decode/params.h kOneCtaMaxChecks); the cases that use it assert the report's "grid-wide".
+constexpr std::int64_t kGridCheckColumns = 5500;
 
 // The GPU's own grid: contiguous and paged (16, 64, 256), with and without append, Sq 1..16, GQA 1/4/8, splits
 // 0/1/3, head dims 64 and 128, both dtypes, and every variant once per six cases.
@@ -188,11 +195,13 @@ std::vector<KvCase> gpu_grid() {
                                          DType::bfloat16), 16, 64);
   spec.v.causal = true;
   out.push_back(spec);
-  // Enough new rows (8 · 16 tokens · 8 KV heads) for the grid-wide check and append (a memset and two kernels);
-  // every case above takes the one-CTA prepare kernel (decode/aux.cu kPrepareMaxWork).
+  // A block table wide enough (8 sequences x 2100 columns) for the grid-wide index check (a memset and a grid,
+  // the decode kernel publishing the verdict); every case above takes the one-CTA check (the test asserts which
+  // ran from the report).
   KvCase wide = ft_test::kv(ft_test::var("Gqa32x8_sq16_b8_paged16_GridWideCheck", 8, 16,
                                          {300, 17, 640, 129, 64, 1000, 16, 450}, 32, 8, 128, 128, DType::float16),
                             16, 16);
+  wide.unreached_columns = kGridCheckColumns;
   wide.v.causal = true;
   out.push_back(wide);
   return out;
@@ -227,6 +236,9 @@ TEST_P(GpuKvCache, MatchesOracleAndAppendsInPlace) {
   if (kc.expect_split) {
     EXPECT_GT(report.ran.splits, 1) << report.to_string();
   }
+  const bool grid_check = kc.v.label.find("GridWideCheck") != std::string::npos;
+  EXPECT_NE(report.ran.detail.find(grid_check ? "index check: device-side, grid-wide" : "index check: device-side, one CTA"),
+            std::string::npos) << report.to_string();
   d.download(p, cache);
   ft_test::expect_var_close(p, ft_test::var_oracle(p, false), ft_test::var_standard(p, false), false);
   EXPECT_TRUE(ft_test::same_contents(cache.k->to_double(), cache.k_after)) << "k_cache";
@@ -243,9 +255,9 @@ KvCase paged_case(std::vector<std::int64_t> lens, std::int64_t page = 64, std::i
 }
 
 // Each bad device-side index is refused with the CPU validation's typed error (argument and value named), and the
-// cache, out and lse are as they were. With 1 new token the one-CTA prepare kernel checks; with 160 (3 · 160 · 2
-// heads · 32 chunks) the grid-wide check and append do.
-void expect_refusals(std::int64_t snew) {
+// cache, out and lse are as they were. With grid_check the block table is wide enough for the grid-wide check
+// (else the one-CTA one runs), and 160 new tokens are appended by many CTAs of the decode kernel.
+void expect_refusals(std::int64_t snew, bool grid_check) {
   struct Bad {
     std::string what;      // expected in the message
     bool paged;
@@ -254,8 +266,8 @@ void expect_refusals(std::int64_t snew) {
   };
   const std::vector<Bad> bad = {
       {"cache_seqlens[1] = -3 is negative", true, [](Cache& c) { c.seqlens->set(1, -3); }},
-      {"cache_seqlens[2] = 100000 plus " + std::to_string(snew) + " new keys exceeds", true,
-       [](Cache& c) { c.seqlens->set(2, 100000); }},
+      {"cache_seqlens[2] = 1000000000 plus " + std::to_string(snew) + " new keys exceeds", true,
+       [](Cache& c) { c.seqlens->set(2, 1e9); }},
       {"block_table[1][0] = -1 is outside", true, [](Cache& c) { c.table->set(c.table->view().shape[1], -1); }},
       {"block_table[1][0] = 1000000 is outside", true,
        [](Cache& c) { c.table->set(c.table->view().shape[1], 1000000); }},
@@ -267,6 +279,8 @@ void expect_refusals(std::int64_t snew) {
     SCOPED_TRACE(b.what + " (" + std::to_string(snew) + " new tokens)");
     KvCase kc = paged_case({700, 170, 513}, b.paged ? 64 : 0, snew);
     kc.slots = !b.paged;
+    if (grid_check && !b.paged) continue;  // a contiguous cache has one entry per sequence: always one CTA
+    if (grid_check) kc.unreached_columns = kGridCheckColumns;
     auto rng = ft_test::test_rng();
     VarProblem p(kc.v, rng);
     Cache cache = ft_test::build_cache(kc, p, rng);
@@ -280,6 +294,7 @@ void expect_refusals(std::int64_t snew) {
     flashtile::Options o = d.options(p);
     if (const std::string why = d.not_built(0, o); !why.empty()) GTEST_SKIP() << why;
     o.max_seqlen_k = b.max_seqlen_k;
+    EXPECT_NE(d.explain(0, o).ran.detail.find(grid_check ? "grid-wide" : "one CTA"), std::string::npos);
     try {
       d.run(0, o);
       ADD_FAILURE() << "not refused";
@@ -306,12 +321,12 @@ void expect_refusals(std::int64_t snew) {
 
 TEST(GpuKvCacheRefusal, BadDeviceIndicesLeaveEverythingUnchanged) {
   FT_REQUIRE_GPU();
-  expect_refusals(1);
+  expect_refusals(1, false);
 }
 
 TEST(GpuKvCacheRefusal, BadDeviceIndicesLeaveEverythingUnchangedGridCheck) {
   FT_REQUIRE_GPU();
-  expect_refusals(160);
+  expect_refusals(160, true);
 }
 
 // Serving code captures a decode step once and replays it: the call is captured on a stream (no host

@@ -1,16 +1,17 @@
-// The decode path's small kernels: the device-side index check, the append of k_new / v_new into the cache, and
-// the combine of split parts. cache_seqlens, block_table and cache_batch_idx are device memory: the host cannot
-// read them without a synchronisation (which CUDA-graph capture forbids), so the check runs on the device first
-// and the append and decode kernels do nothing when it found a bad index (the cache stays as it was).
+// The decode path's small kernels: the device-side index check and the combine of split parts. cache_seqlens,
+// block_table and cache_batch_idx are device memory: the host cannot read them without a synchronisation (which
+// CUDA-graph capture forbids), so the check runs on the device first and the decode kernel, which also appends
+// k_new / v_new, does nothing when it found a bad index (the cache stays as it was).
 #include <cuda_runtime.h>
 #include <cutlass/numeric_types.h>
 
 #include <cstdint>
 
+#include "core/merge_rule.h"
 #include "core/params.h"
 #include "decode/dependent_launch.h"
 #include "decode/launch.h"
-#include "core/merge_rule.h"
+#include "decode/verdict.h"
 
 namespace flashtile::cuda::decode {
 namespace {
@@ -52,61 +53,18 @@ __device__ void check_indices(const DecodeParams& p, std::int64_t begin, std::in
   }
 }
 
-// 16-byte chunks i = begin, begin + step, ... of the new K and V rows: k_new[b, i, h] goes to key
-// cache_seqlens[b] + i of sequence b (kv_row, the one address rule). 16-bit elements, moved as bytes.
-__device__ void append_rows(const DecodeParams& p, std::int64_t begin, std::int64_t step) {
-  const detail::AttnParams& a = p.a;
-  const std::int64_t kc = a.hdim / 8, vc = a.hdim_v / 8, per_row = kc + vc;
-  const std::int64_t n = a.batch * a.seqlen_new * a.heads_kv * per_row;
-  for (std::int64_t i = begin; i < n; i += step) {
-    const std::int64_t c = i % per_row, row = i / per_row;
-    const std::int64_t h = row % a.heads_kv, j = row / a.heads_kv % a.seqlen_new, b = row / (a.heads_kv * a.seqlen_new);
-    const detail::KvRow at = detail::kv_row(a, b, a.cache_seqlens[b] + j);
-    const bool is_k = c < kc;
-    const std::int64_t e = (is_k ? c : c - kc) * 8;
-    const detail::Strides& ns = is_k ? a.k_new_stride : a.v_new_stride;
-    const auto* src = static_cast<const std::uint16_t*>(is_k ? a.k_new : a.v_new) + b * ns.batch + j * ns.row +
-                      h * ns.head + e;
-    auto* dst = static_cast<std::uint16_t*>(const_cast<void*>(is_k ? a.k : a.v)) + (is_k ? at.k : at.v) +
-                h * (is_k ? a.k_stride.head : a.v_stride.head) + e;
-    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
-  }
-}
-
-// The verdict to the host's pinned copy (eager calls): the fields, a system-wide fence, then the ticket the host
-// waits for.
-__device__ void publish(const DecodeParams& p, unsigned long long first_bad, int longest) {
-  if (p.host_status == nullptr) return;
-  p.host_status->first_bad = first_bad;
-  p.host_status->longest = longest;
-  __threadfence_system();
-  *static_cast<volatile unsigned*>(&p.host_status->ticket) = p.ticket;
-}
-
-std::int64_t check_count(const detail::AttnParams& a) {
-  return a.batch * (a.page_table != nullptr ? a.max_pages : 1);
-}
-std::int64_t append_chunks(const detail::AttnParams& a) {
-  return a.batch * a.seqlen_new * a.heads_kv * ((a.hdim + a.hdim_v) / 8);
-}
-
+// A large call's grid-wide check (after a memset of the status): each CTA lowers and raises the shared verdict,
+// which the decode kernel's first CTA publishes once this grid has completed (p.decode_publishes). The decode
+// kernel may launch at once: it waits for this grid's completion before it reads anything.
 __global__ void check_kernel(const __grid_constant__ DecodeParams p) {
+  allow_dependents();
   check_indices(p, blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x, std::int64_t{gridDim.x} * blockDim.x,
                 &p.status->first_bad, &p.status->longest);
 }
 
-// Launched with at least one block (also without new rows): its first thread publishes the grid-wide verdict.
-__global__ void append_kernel(const __grid_constant__ DecodeParams p) {
-  if (blockIdx.x == 0 && threadIdx.x == 0) publish(p, p.status->first_bad, p.status->longest);
-  if (status_bad(*p.status, p.a.seqlen_k)) return;
-  append_rows(p, blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x, std::int64_t{gridDim.x} * blockDim.x);
-}
-
-// A small call's reset, check and append in one launch of one CTA (a decode step's usual case: a few sequences,
-// one new token): the verdict is reduced in shared memory, written to the status, and the append runs after the
-// CTA has seen it, so one kernel does what the memset and two kernels do for large calls.
+// A small call's reset and check in one launch of one CTA (a decode step's usual case): the verdict is reduced in
+// shared memory, written to the status and published. The append is the decode kernel's (decode/kernel.h).
 constexpr int kPrepareThreads = 1024;
-constexpr std::int64_t kPrepareMaxWork = 16 * kPrepareThreads;  // checks + chunks; beyond it, the grid-wide path
 __global__ void __launch_bounds__(kPrepareThreads) prepare_kernel(const __grid_constant__ DecodeParams p) {
   __shared__ unsigned long long first_bad;
   __shared__ int longest;
@@ -123,14 +81,15 @@ __global__ void __launch_bounds__(kPrepareThreads) prepare_kernel(const __grid_c
     p.status->longest = longest;
     publish(p, first_bad, longest);
   }
-  if (status_bad(Status{first_bad, longest, 0}, p.a.seqlen_k)) return;
-  append_rows(p, threadIdx.x, blockDim.x);
 }
 
-// One warp per query row (b, h, t): the splits' parts merged as merge_attention_states does.
+// One warp per query row (b, h, t): the splits' parts merged as merge_attention_states does. The lanes share the
+// splits' LSEs and weights (through shared memory) and each owns four adjacent output columns, so every load of a
+// part is one 16-byte load and the loads of several parts are in flight together (a split count of 29 ran the
+// part loads one after another before: 21 µs at batch 1).
 constexpr int kCombineWarps = 4;
 template <class Element>
-__global__ void combine_kernel(const __grid_constant__ DecodeParams p) {
+__global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __grid_constant__ DecodeParams p) {
   __shared__ float weights[kCombineWarps][kMaxSplits];
   const detail::AttnParams& a = p.a;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -149,13 +108,39 @@ __global__ void combine_kernel(const __grid_constant__ DecodeParams p) {
     if (lane == 0 && lse != nullptr) *lse = NAN;
     return;
   }
-  const float l = merged_lse([&](int s) { return p.lse_part[s * rows + row]; }, p.splits);
-  for (int s = lane; s < p.splits; s += 32) weights[warp][s] = part_weight(p.lse_part[s * rows + row], l);
+  float* w = weights[warp];
+  for (int s = lane; s < p.splits; s += 32) w[s] = p.lse_part[s * rows + row];
   __syncwarp();
-  for (int c = lane; c < dv; c += 32) {
-    float o = 0.f;
-    for (int s = 0; s < p.splits; ++s) o += weights[warp][s] * p.o_part[(s * rows + row) * dv + c];
-    out[c] = Element(o);
+  const float l = merged_lse([&](int s) { return w[s]; }, p.splits);
+  __syncwarp();  // every lane has read the LSEs before they become weights
+  for (int s = lane; s < p.splits; s += 32) w[s] = part_weight(w[s], l);
+  __syncwarp();
+  const int c = 4 * lane;  // hdim_v is a multiple of 8 and at most 128: the lanes below dv / 4 own the columns
+  if (c < dv) {
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+    constexpr int kInFlight = 8;
+    for (int s0 = 0; s0 < p.splits; s0 += kInFlight) {
+      float4 part[kInFlight];
+      float wi[kInFlight];
+#pragma unroll
+      for (int i = 0; i < kInFlight; ++i) {
+        const bool in = s0 + i < p.splits;
+        part[i] = in ? *reinterpret_cast<const float4*>(p.o_part + ((s0 + i) * rows + row) * dv + c)
+                     : make_float4(0.f, 0.f, 0.f, 0.f);
+        wi[i] = in ? w[s0 + i] : 0.f;
+      }
+#pragma unroll
+      for (int i = 0; i < kInFlight; ++i) {
+        o.x += wi[i] * part[i].x;
+        o.y += wi[i] * part[i].y;
+        o.z += wi[i] * part[i].z;
+        o.w += wi[i] * part[i].w;
+      }
+    }
+    out[c] = Element(o.x);
+    out[c + 1] = Element(o.y);
+    out[c + 2] = Element(o.z);
+    out[c + 3] = Element(o.w);
   }
   if (lane == 0 && lse != nullptr) *lse = l;
 }
@@ -167,19 +152,14 @@ unsigned blocks_for(std::int64_t n, int threads) {
 
 }  // namespace
 
-cudaError_t run_check_append(const DecodeParams& p, cudaStream_t stream) {
-  const std::int64_t checks = check_count(p.a), chunks = append_chunks(p.a);
-  if (checks + chunks <= kPrepareMaxWork) {
+cudaError_t run_check(const DecodeParams& p, cudaStream_t stream) {
+  if (check_in_one_cta(p.a)) {
     prepare_kernel<<<1, kPrepareThreads, 0, stream>>>(p);
     return cudaGetLastError();
   }
   cudaError_t e = cudaMemsetAsync(p.status, 0xff, sizeof(Status), stream);  // first_bad = ~0, longest = -1
   if (e != cudaSuccess) return e;
-  if (checks > 0) {
-    check_kernel<<<blocks_for(checks, 256), 256, 0, stream>>>(p);
-    if ((e = cudaGetLastError()) != cudaSuccess) return e;
-  }
-  append_kernel<<<blocks_for(chunks, 256), 256, 0, stream>>>(p);  // also without new rows: it publishes the verdict
+  check_kernel<<<blocks_for(check_count(p.a), 256), 256, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -2,6 +2,9 @@
 // as the host's plan chose (p.rows_per_tile).
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
+
 #include "decode/dependent_launch.h"
 #include "decode/kernel.h"
 #include "decode/launch.h"
@@ -16,9 +19,11 @@ cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
   }
-  const dim3 grid(static_cast<unsigned>(p.row_tiles * p.splits), static_cast<unsigned>(p.a.heads_kv),
+  // At least one CTA per sequence, with or without query rows or KV heads: the kernel appends and may publish the
+  // check's verdict (p.row_tiles >= 1 from the host).
+  const dim3 grid(static_cast<unsigned>(p.row_tiles * p.splits), static_cast<unsigned>(std::max<std::int64_t>(p.a.heads_kv, 1)),
                   static_cast<unsigned>(p.a.batch));
-  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return cudaSuccess;
+  if (grid.z == 0) return cudaSuccess;
   return launch_dependent(kernel, grid, kThreads, smem, stream, p);
 }
 

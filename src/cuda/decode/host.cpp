@@ -200,8 +200,11 @@ void describe(const AttnParams& p, KernelInfo& k) {
     << decode_smem_bytes(d.bucket, d.rows_per_tile)
     << "B splits=" << d.splits << " (" << d.reason() << ")" << (d.splits > 1 ? " + combine kernel" : "")
     << (p.page_table != nullptr ? " paged: page_size=" + std::to_string(p.page_size) : std::string(" contiguous"))
-    << (p.async_index_check ? " index check: device-side, not waited for (async_index_check)"
-                            : " index check: device-side, its verdict waited for (pinned memory) when the stream is not capturing");
+    << " index check: device-side, " << (check_in_one_cta(p) ? "one CTA" : "grid-wide") << " (" << check_count(p)
+    << " entries), "
+    << (p.async_index_check ? "not waited for (async_index_check)"
+                            : "its verdict waited for (pinned memory) when the stream is not capturing")
+    << "; append: by the decode kernel";
   k.detail = s.str();
 }
 
@@ -215,7 +218,7 @@ void run(const AttnParams& p, const char* backend) {
   DecodeParams k;
   fill_params(p, k);
   k.splits = d.splits;
-  k.row_tiles = d.row_tiles;
+  k.row_tiles = std::max(d.row_tiles, 1);  // a call without query rows still appends
   k.rows_per_tile = d.rows_per_tile;
   k.num_slots = p.cache_slots;
   k.nan_on_bad = capture != cudaStreamCaptureStatusNone || p.async_index_check;
@@ -228,10 +231,10 @@ void run(const AttnParams& p, const char* backend) {
     k.o_part = reinterpret_cast<float*>(base + 256);
     k.lse_part = reinterpret_cast<float*>(base + 256 + (rows * static_cast<std::size_t>(p.hdim_v) * 4 + 255) / 256 * 256);
   }
-  // Reset, index check and append, then the decode and the combine, each launched as soon as the one before allows
-  // (compute capability >= 9.0). Eager, the host then waits for the verdict alone (published to pinned memory by the
-  // check's last kernel) while the decode runs; the decode kernels do nothing on a bad verdict, so a refusal
-  // thrown after they were queued still leaves everything unchanged.
+  // Reset and index check, then the decode (which appends) and the combine, each launched as soon as the one before
+  // allows (compute capability >= 9.0). Eager, the host then waits for the verdict alone (published to pinned memory
+  // by the check's one CTA, or by the decode's first CTA after a grid-wide check) while the decode runs; the decode
+  // kernels do nothing on a bad verdict, so a refusal thrown after they were queued still leaves everything unchanged.
   Readback* rb = nullptr;
   if (!k.nan_on_bad) {
     rb = &readback(p.device_index, backend);
@@ -240,7 +243,8 @@ void run(const AttnParams& p, const char* backend) {
   }
   const Gpu* g = gpu(p.device_index);
   k.dependent_launch = g != nullptr && g->major >= 9;
-  check(run_check_append(k, stream), backend, "kvcache check and append launch");
+  k.decode_publishes = !check_in_one_cta(p);
+  check(run_check(k, stream), backend, "kvcache index check launch");
   check(launch_kvcache(elem_of(p.dtype), d.bucket, kind_of(p), k, stream), backend, "kvcache kernels launch");
   if (rb != nullptr) {
     const Status s = wait_verdict(*rb, k.ticket, stream, backend);

@@ -9,8 +9,12 @@
 // multiple of 16, with the block-table reads a tile ahead of the copies).
 // Warps: with 16 rows, each of the four warps takes 16 keys of every tile and keeps its own online softmax
 // (common/softmax.h) and output, so no cross-warp reduction runs in the mainloop; the four are merged at the end
-// as split parts are (decode/merge.h). With 64 rows, each warp owns 16 rows and sees the whole tile (the forward
+// as split parts are (core/merge_rule.h). With 64 rows, each warp owns 16 rows and sees the whole tile (the forward
 // kernel's split). Q stays in registers for the whole loop.
+// Append: the CTAs of (sequence, KV head) write its new rows into the cache between them (append_head), and every
+// CTA reads keys past cache_seqlens[b] from k_new / v_new instead, so the append needs no kernel of its own and no
+// ordering against the reads; the index check (decode/aux.cu) runs before, and a bad verdict stops every CTA
+// before it reads or writes.
 #pragma once
 
 #include "common/mask.h"
@@ -18,6 +22,7 @@
 #include "core/merge_rule.h"
 #include "decode/dependent_launch.h"
 #include "decode/params.h"
+#include "decode/verdict.h"
 #include "sm80/traits.h"
 
 namespace flashtile::cuda::decode {
@@ -70,6 +75,28 @@ CUTE_DEVICE void cp_async16(void* smem, const void* gmem, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
 }
 
+// The new rows of KV head hk of sequence b (k_new / v_new [b, j, hk]) to keys cache_seqlens[b] + j of the cache
+// (kv_row, the one address rule), shared among the `count` CTAs of (b, hk), this one being number `index`. 16-bit
+// elements, moved as 16-byte chunks.
+template <class Element>
+CUTE_DEVICE void append_head(const detail::AttnParams& a, int b, int hk, int index, int count) {
+  const int kc = static_cast<int>(a.hdim) / 8, per_row = kc + static_cast<int>(a.hdim_v) / 8;
+  const int n = static_cast<int>(a.seqlen_new) * per_row;
+  const std::int64_t held = a.cache_seqlens[b];
+  for (int i = index * kThreads + static_cast<int>(threadIdx.x); i < n; i += count * kThreads) {
+    const int j = i / per_row, c = i % per_row;
+    const bool is_k = c < kc;
+    const int e = (is_k ? c : c - kc) * 8;
+    const detail::KvRow at = detail::kv_row(a, b, held + j);
+    const detail::Strides& ns = is_k ? a.k_new_stride : a.v_new_stride;
+    const auto* src = static_cast<const Element*>(is_k ? a.k_new : a.v_new) + b * ns.batch + j * ns.row +
+                      hk * ns.head + e;
+    auto* dst = static_cast<Element*>(const_cast<void*>(is_k ? a.k : a.v)) + (is_k ? at.k : at.v) +
+                hk * (is_k ? a.k_stride.head : a.v_stride.head) + e;
+    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+  }
+}
+
 // Packed row R of KV head hk: its token and query head.
 struct PackedRow {
   int token, head;
@@ -98,8 +125,11 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   const int hdim = static_cast<int>(a.hdim), hdim_v = static_cast<int>(a.hdim_v);
   Element* out = static_cast<Element*>(a.out);
 
-  wait_for_prior_grid();  // the prepare (or append) kernel's verdict and rows
-  if (status_bad(*p.status, a.seqlen_k)) {  // the check kernel refused an index: nothing is read
+  wait_for_prior_grid();  // the check's verdict
+  if (p.decode_publishes && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && tidx == 0)
+    publish(p, p.status->first_bad, p.status->longest);
+  if (hk >= a.heads_kv) return;  // the one CTA of a grid without KV heads, there to publish
+  if (status_bad(*p.status, a.seqlen_k)) {  // the check kernel refused an index: nothing is read or written
     if (p.nan_on_bad && p.splits == 1) {
       for (int i = tidx; i < nrows * hdim_v; i += kThreads) {
         const PackedRow pr = packed_row(r0 + i / hdim_v, group, hk);
@@ -112,8 +142,14 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     return;
   }
 
+  if (a.k_new != nullptr) append_head<Element>(a, b, hk, blockIdx.x, gridDim.x);
+  if (nrows <= 0) return;  // an append without query rows
+
   const detail::SeqInfo seq = detail::sequence(a, b);
   const int sk = static_cast<int>(seq.seqlen_k);
+  // Keys from `fresh` on are this call's new ones: read from k_new / v_new, which hold the same values as the
+  // cache rows the append writes, so no CTA depends on another's append.
+  const int fresh = a.k_new != nullptr ? sk - static_cast<int>(a.seqlen_new) : sk;
   const detail::MaskPolicy pol = detail::MaskPolicy::make(a, seq);
   const int t0 = r0 / group, t1 = (r0 + nrows - 1) / group + 1;  // the tile's tokens
   const detail::Range tiles = pol.key_tiles(t0, t1 - t0, kBlockN);
@@ -124,6 +160,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
 
   const Element* k_head = static_cast<const Element*>(a.k) + hk * a.k_stride.head;
   const Element* v_head = static_cast<const Element*>(a.v) + hk * a.v_stride.head;
+  const Element* k_fresh = static_cast<const Element*>(a.k_new) + b * a.k_new_stride.batch + hk * a.k_new_stride.head;
+  const Element* v_fresh = static_cast<const Element*>(a.v_new) + b * a.v_new_stride.batch + hk * a.v_new_stride.head;
   const typename Tr::SmemLayoutBlock block_layout{};
 
   // Q: the tile's packed rows (zero past the last row and past hdim).
@@ -151,7 +189,10 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     }
   };
   // K and V of key tile n (its places `at`) into ring stage `stage`, 16-row group by group.
-  auto load_kv = [&](int n, const detail::KvPlace (&at)[kGroups], int stage) {
+  // Rows past `fresh` come from k_new / v_new: only the last tiles hold any, so the row test is compiled into
+  // their copy loop alone (kFresh).
+  auto copy_kv = [&](auto fresh_rows, int n, const detail::KvPlace (&at)[kGroups], int stage) {
+    constexpr bool kFresh = decltype(fresh_rows)::value;
     constexpr int kRowsPerPass = kThreads / kChunks;
     const int c = tidx % kChunks * 8, rr = tidx / kChunks;
     Element* sk_stage = smem_k + stage * Tr::kStageElems;
@@ -162,13 +203,23 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
       const detail::KvRow base = detail::kv_offsets(a, at[g]);
       CUTE_UNROLL
       for (int q = 0; q < 16 / kRowsPerPass; ++q) {
-        const int r = q * kRowsPerPass + rr;
-        const bool row_ok = j0 + r < sk;
+        const int r = q * kRowsPerPass + rr, j = j0 + r;
+        const bool row_ok = j < sk;
         const int so = g * Tr::kBlockElems + block_layout(r, c);
-        cp_async16(sk_stage + so, row_ok ? k_head + base.k + r * a.k_stride.row + c : k_head, row_ok && c < hdim);
-        cp_async16(sv_stage + so, row_ok ? v_head + base.v + r * a.v_stride.row + c : v_head, row_ok && c < hdim_v);
+        const Element* ks = row_ok ? k_head + base.k + r * a.k_stride.row + c : k_head;
+        const Element* vs = row_ok ? v_head + base.v + r * a.v_stride.row + c : v_head;
+        if (kFresh && row_ok && j >= fresh) {
+          ks = k_fresh + (j - fresh) * a.k_new_stride.row + c;
+          vs = v_fresh + (j - fresh) * a.v_new_stride.row + c;
+        }
+        cp_async16(sk_stage + so, ks, row_ok && c < hdim);
+        cp_async16(sv_stage + so, vs, row_ok && c < hdim_v);
       }
     }
+  };
+  auto load_kv = [&](int n, const detail::KvPlace (&at)[kGroups], int stage) {
+    if ((n + 1) * kBlockN > fresh) copy_kv(cute::true_type{}, n, at, stage);
+    else copy_kv(cute::false_type{}, n, at, stage);
   };
   detail::KvPlace ahead[kGroups];
   CUTE_UNROLL

@@ -12,9 +12,10 @@ struct Variant;
 
 namespace flashtile::cuda::decode {
 
-// Resets the status, runs the device-side index check, then the append (which does nothing on a bad status): one
-// CTA in one launch for a small call, a memset and two grid-wide kernels for a large one.
-cudaError_t run_check_append(const DecodeParams& p, cudaStream_t stream);  // aux.cu
+// Resets the status and runs the device-side index check: one CTA in one launch while the checks fit it (it also
+// publishes the verdict; params.h check_in_one_cta), else a memset and a grid-wide kernel (the decode kernel then
+// publishes).
+cudaError_t run_check(const DecodeParams& p, cudaStream_t stream);  // aux.cu
 // Merges the splits' parts into out / lse (splits > 1).
 cudaError_t run_combine(bool fp16, const DecodeParams& p, cudaStream_t stream);  // aux.cu
 // The decode kernel (decode/kernel.h); explicit instantiations in src/cuda/instances/decode_*.cu.

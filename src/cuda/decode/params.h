@@ -36,6 +36,15 @@ constexpr int decode_smem_bytes(int bucket, int rows) {
   return (rows * bucket + 2 * decode_stages(bucket) * kBlockN * bucket) * 2;
 }
 
+// The device-side index check: one (sequence, block-table column) pair per entry (one per sequence when
+// contiguous). Up to kOneCtaMaxChecks entries one CTA checks them in one launch; beyond, a memset and a grid-wide
+// kernel do (decode/aux.cu).
+inline constexpr std::int64_t kOneCtaMaxChecks = 16 * 1024;
+FT_HOST_DEVICE std::int64_t check_count(const detail::AttnParams& a) {
+  return a.batch * (a.page_table != nullptr ? a.max_pages : 1);
+}
+FT_HOST_DEVICE bool check_in_one_cta(const detail::AttnParams& a) { return check_count(a) <= kOneCtaMaxChecks; }
+
 // The device-side index check's verdict, in the workspace's first bytes. It starts at first_bad = ~0, longest = -1
 // (prepare_kernel's own reset, or a memset of 0xff before the grid-wide check) and the check lowers first_bad
 // (atomicMin) to the first bad index in the CPU validation's order (sequence b, then its cache_seqlens before its
@@ -59,7 +68,7 @@ FT_HOST_DEVICE bool status_bad(const Status& s, std::int64_t bound) {
 }
 
 struct DecodeParams : FwdParams {
-  Status* status = nullptr;   // workspace: the check kernel's verdict; append and decode do nothing when bad
+  Status* status = nullptr;   // workspace: the check kernel's verdict; the decode kernel does nothing when bad
   float* o_part = nullptr;    // workspace, splits > 1: [splits, B, Hq, Sq, Dv] fp32, normalised per split
   float* lse_part = nullptr;  // workspace, splits > 1: [splits, B, Hq, Sq] fp32 (natural log)
   int splits = 1;
@@ -71,6 +80,7 @@ struct DecodeParams : FwdParams {
   // wait on without a stream operation between the check and the decode; null otherwise.
   Status* host_status = nullptr;
   unsigned ticket = 0;
+  bool decode_publishes = false;  // the grid-wide check: the decode kernel's first CTA publishes its verdict
   bool dependent_launch = false;  // compute capability >= 9.0: the decode and combine launched programmatically
 };
 

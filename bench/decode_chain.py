@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""Where a decode call's device time goes: FlashTile's kernel chain (prepare or check + append, decode, combine)
+beside cuDNN's kernels, on the cells of bench/gpu_decode.py, from torch.profiler (CUPTI).
+
+For each cell, 40 calls back to back (FlashTile with async_index_check, the loop a CUDA graph or a serving stack
+runs): per kernel of a call, the median start offset from the call's first kernel and the median duration; the
+period (median distance between successive calls' first kernels: the device time per step of the loop); for cuDNN
+the same over its kernels.
+
+    python3 bench/decode_chain.py --lib build/gpu/src/libflashtile_capi.so --cells 8:32768:0,8:32768:64
+
+A cell is batch:keys:page (Sq = 1; --sq for 16). --only ft|cudnn with --calls N runs N calls of one side without the
+profiler, inside an NVTX range "timed", for ncu (`ncu --nvtx --nvtx-include timed/ ... --only ft`).
+"""
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from gpu_bench import FlashTile, find_lib  # noqa: E402
+from gpu_decode import D, FT_FIRST_OPS, HKV, HQ  # noqa: E402
+
+
+def make_cell(ft, batch, keys, page, sq, splits=0):
+    g = torch.Generator(device="cuda").manual_seed(keys + 7 * batch + sq)
+    bf = dict(device="cuda", dtype=torch.bfloat16, generator=g)
+    q = torch.randn(batch, sq, HQ, D, **bf)
+    out = torch.empty_like(q)
+    lens = torch.full((batch,), keys - sq, dtype=torch.int32, device="cuda")
+    if page:
+        pages = batch * keys // page
+        k, v = torch.randn(pages, page, HKV, D, **bf), torch.randn(pages, page, HKV, D, **bf)
+        table = torch.randperm(pages, device="cuda", generator=g).to(torch.int32).reshape(batch, keys // page)
+    else:
+        k, v = torch.randn(batch, keys, HKV, D, **bf), torch.randn(batch, keys, HKV, D, **bf)
+        table = None
+    k_new, v_new = torch.randn(batch, sq, HKV, D, **bf), torch.randn(batch, sq, HKV, D, **bf)
+    ft_call = ft.kvcache_call(q, k, v, out, cache_seqlens=lens, block_table=table, k_new=k_new, v_new=v_new,
+                              num_splits=splits, causal=True, backend="cuda-sm80", strict=True,
+                              async_index_check=True)
+    kc = torch.randn(batch, keys, HKV, D, **bf) if page else k  # cuDNN has no paged form: the contiguous twin
+    vc = torch.randn(batch, keys, HKV, D, **bf) if page else v
+    qt, kt, vt = q.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2)
+
+    def cudnn_call():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+    return ft_call, cudnn_call, batch * keys * HKV * 2 * D * 2
+
+
+def chain(fn, calls, first):
+    """Per-kernel median (offset, duration) in µs and the median period between calls, over `calls` calls."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    evs = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA), key=lambda e: e.time_range.start)
+    if first is None:  # a peer: each call starts with the kernel its first call started with
+        lead = evs[0].name
+        first = lambda n: n == lead
+    groups = []
+    for e in evs:
+        if first(e.name) or not groups:
+            groups.append([])
+        groups[-1].append(e)
+    groups = [gr for gr in groups if len(gr) == len(groups[len(groups) // 2])]
+    rows = []
+    for i, e in enumerate(groups[0]):
+        off = statistics.median((gr[i].time_range.start - gr[0].time_range.start) for gr in groups)
+        dur = statistics.median(gr[i].time_range.elapsed_us() for gr in groups)
+        rows.append((e.name[:60], off, dur))
+    starts = [gr[0].time_range.start for gr in groups]
+    period = statistics.median(b - a for a, b in zip(starts, starts[1:]))
+    span = statistics.median(max(e.time_range.end for e in gr) - gr[0].time_range.start for gr in groups)
+    return rows, period, span
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", default=None)
+    ap.add_argument("--cells", default="1:32768:0,8:32768:0,8:32768:64,8:131072:0,64:32768:0,64:32768:64")
+    ap.add_argument("--sq", type=int, default=1)
+    ap.add_argument("--only", choices=["ft", "cudnn"], default=None)
+    ap.add_argument("--calls", type=int, default=40)
+    ap.add_argument("--splits", type=int, default=0, help="FlashTile's num_splits (0: its own choice)")
+    args = ap.parse_args()
+    ft = FlashTile(find_lib(args.lib))
+    for spec in args.cells.split(","):
+        batch, keys, page = (int(x) for x in spec.split(":"))
+        ft_call, cudnn_call, kv_bytes = make_cell(ft, batch, keys, page, args.sq, args.splits)
+        if args.only:
+            fn = ft_call if args.only == "ft" else cudnn_call
+            fn()
+            torch.cuda.synchronize()
+            torch.cuda.nvtx.range_push("timed")  # ncu --nvtx --nvtx-include timed/ : these calls' kernels only
+            for _ in range(args.calls):
+                fn()
+            torch.cuda.synchronize()
+            torch.cuda.nvtx.range_pop()
+            continue
+        print(f"cell: Sq={args.sq} batch={batch} keys={keys} page={page or 'contiguous'} "
+              f"(K+V {kv_bytes / 1e6:.0f} MB)")
+        for name, fn, first in (("FlashTile", ft_call, lambda n: any(f in n for f in FT_FIRST_OPS)),
+                                ("cuDNN", cudnn_call, None)):
+            rows, period, span = chain(fn, args.calls, first)
+            print(f"  {name}: period {period:.1f} µs ({kv_bytes / period / 1e3:.0f} GB/s), span {span:.1f} µs "
+                  f"({kv_bytes / span / 1e3:.0f} GB/s)")
+            for n, off, dur in rows:
+                print(f"    +{off:7.1f} µs  {dur:7.1f} µs  {n}")
+
+
+if __name__ == "__main__":
+    main()
