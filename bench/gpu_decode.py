@@ -13,10 +13,10 @@ those of the contiguous cell with the same shape (the same values and the same w
 GB/s counts the bytes of K and V the call must read: B · L · Hkv · (D + Dv) · 2; % is of the H200's 4.8 TB/s.
 Timing: CUDA events around each call, 5 warm-up calls, median of --reps (>= 20). FlashTile is timed on its C ABI
 call with the arguments built once (gpu_bench.py kvcache_call). Its eager call reads the device-side index check's
-verdict back (written by the check's last kernel to mapped pinned memory; the host waits for it while the decode runs;
+verdict back (written by the check kernel, or the decode kernel's first CTA after a grid-wide check, to pinned memory; the host waits for it while the decode runs;
 a CUDA graph replay skips it), which the events include; 'async' is the call with async_index_check; the "device"
-column is the median over calls of the device time of the call's own kernels (prepare or memset + check + append,
-decode, combine: the first one's start to the last one's end) from torch.profiler (CUPTI), the figure a graph
+column is the median over calls of the device time of the call's own kernels (prepare, or memset +
+check; decode, which appends; combine: the first one's start to the last one's end) from torch.profiler (CUPTI), the figure a graph
 replay approaches; 'host µs' is the host time per
 call of 50 calls issued without waiting.
 
@@ -51,7 +51,7 @@ HBM_PEAK_GBS = 4800.0  # H200 HBM3e
 PEERS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
          "cudnn": SDPBackend.CUDNN_ATTENTION}
 # Device-side work of one FlashTile call (the read-back's D2H copy is not the call's work).
-FT_OPS = ("prepare_kernel", "check_kernel", "append_kernel", "decode_kernel", "combine_kernel", "Memset")
+FT_OPS = ("prepare_kernel", "check_kernel", "decode_kernel", "combine_kernel", "Memset")
 FT_FIRST_OPS = ("prepare_kernel", "Memset")  # a small call's one-CTA check and append, or a large call's reset
 
 
@@ -210,7 +210,7 @@ def markdown(meta, rows):
              "GB/s = bytes of K+V the call reads / median time over "
              f"{meta['reps']} calls after 5 warm-up calls, CUDA events; % = of the {HBM_PEAK_GBS:.0f} GB/s HBM peak. "
              "FlashTile is timed on its C ABI call with the arguments built once (what a C++ decode loop pays). "
-             "Its events include the index check's read-back (the verdict, which the check's last kernel writes to "
+             "Its events include the index check's read-back (the verdict, which the check kernel, or the decode kernel's first CTA after a grid-wide check, writes to "
              "mapped pinned memory; the host waits for it while the decode runs); 'async' times the same call with "
              "async_index_check (no read-back); 'device' is the median device time of its kernels, the first one's start to "
              "the last one's end (torch.profiler), "
