@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Where a decode call's device time goes: FlashTile's kernel chain (prepare or check + append, decode, combine)
+"""Where a decode call's device time goes: FlashTile's kernel chain (the index check, the decode, which appends, and the combine)
 beside cuDNN's kernels, on the cells of bench/gpu_decode.py, from torch.profiler (CUPTI).
 
 For each cell, 40 calls back to back (FlashTile with async_index_check, the loop a CUDA graph or a serving stack
@@ -25,6 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from gpu_bench import FlashTile, find_lib  # noqa: E402
 from gpu_decode import D, FT_FIRST_OPS, HKV, HQ  # noqa: E402
+from gpu_profile import cuda_events  # noqa: E402
 
 
 def make_cell(ft, batch, keys, page, sq, splits=0):
@@ -56,16 +57,7 @@ def make_cell(ft, batch, keys, page, sq, splits=0):
 
 def chain(fn, calls, first):
     """Per-kernel median (offset, duration) in µs and the median period between calls, over `calls` calls."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    evs = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA), key=lambda e: e.time_range.start)
+    evs = cuda_events(fn, calls, warmup=5)
     if first is None:  # a peer: each call starts with the kernel its first call started with
         lead = evs[0].name
         first = lambda n: n == lead

@@ -13,12 +13,12 @@ those of the contiguous cell with the same shape (the same values and the same w
 GB/s counts the bytes of K and V the call must read: B · L · Hkv · (D + Dv) · 2; % is of the H200's 4.8 TB/s.
 Timing: CUDA events around each call, 5 warm-up calls, median of --reps (>= 20). FlashTile is timed on its C ABI
 call with the arguments built once (gpu_bench.py kvcache_call). Its eager call reads the device-side index check's
-verdict back (written by the check kernel, or the decode kernel's first CTA after a grid-wide check, to pinned memory; the host waits for it while the decode runs;
-a CUDA graph replay skips it), which the events include; 'async' is the call with async_index_check; the "device"
-column is the median over calls of the device time of the call's own kernels (prepare, or memset +
-check; decode, which appends; combine: the first one's start to the last one's end) from torch.profiler (CUPTI), the figure a graph
-replay approaches; 'host µs' is the host time per
-call of 50 calls issued without waiting.
+verdict back (written by the check kernel, or the decode kernel's first CTA after a grid-wide check, to pinned
+memory; the host waits for it while the decode runs; a CUDA graph replay skips it), which the events include; 'async'
+is the call with async_index_check; the "device" column is the median over calls of the device time of the call's own
+kernels (prepare, or memset + check; decode, which appends; combine: the first one's start to the last one's end)
+from torch.profiler (CUPTI), the figure a graph replay approaches; 'host µs' is the host time per call of 50 calls
+issued without waiting.
 
     python3 bench/gpu_decode.py --lib build/gpu/src/libflashtile_capi.so --out bench/results/h200-decode
 
@@ -44,7 +44,7 @@ from torch.nn.attention.bias import causal_lower_right
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from gpu_bench import FlashTile, find_lib, time_ms  # noqa: E402  the ctypes binding of the C ABI, CUDA-event timing
-from gpu_profile import kernel_times  # noqa: E402
+from gpu_profile import cuda_events, kernel_times  # noqa: E402
 
 HQ, HKV, D = 32, 8, 128
 HBM_PEAK_GBS = 4800.0  # H200 HBM3e
@@ -52,7 +52,7 @@ PEERS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_
          "cudnn": SDPBackend.CUDNN_ATTENTION}
 # Device-side work of one FlashTile call (the read-back's D2H copy is not the call's work).
 FT_OPS = ("prepare_kernel", "check_kernel", "decode_kernel", "combine_kernel", "Memset")
-FT_FIRST_OPS = ("prepare_kernel", "Memset")  # a small call's one-CTA check and append, or a large call's reset
+FT_FIRST_OPS = ("prepare_kernel", "Memset")  # a small call's one-CTA check, or a large call's reset
 
 
 def cells(quick, in_order=False):
@@ -107,14 +107,7 @@ def device_ms(fn, reps):
     of its last (torch.profiler, CUPTI), gaps included; kernels overlap under programmatic dependent launch, so their
     durations are not summed. None without a profiler."""
     try:
-        from torch.autograd import DeviceType
-        from torch.profiler import ProfilerActivity, profile
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(reps):
-                fn()
-            torch.cuda.synchronize()
-        evs = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA),
-                     key=lambda e: e.time_range.start)
+        evs = cuda_events(fn, reps, warmup=0)
         calls = []
         for e in evs:
             if any(first in e.name for first in FT_FIRST_OPS):  # every call starts with one of them
@@ -210,8 +203,8 @@ def markdown(meta, rows):
              "GB/s = bytes of K+V the call reads / median time over "
              f"{meta['reps']} calls after 5 warm-up calls, CUDA events; % = of the {HBM_PEAK_GBS:.0f} GB/s HBM peak. "
              "FlashTile is timed on its C ABI call with the arguments built once (what a C++ decode loop pays). "
-             "Its events include the index check's read-back (the verdict, which the check kernel, or the decode kernel's first CTA after a grid-wide check, writes to "
-             "mapped pinned memory; the host waits for it while the decode runs); 'async' times the same call with "
+             "Its events include the index check's read-back (the verdict, which the check kernel, or the decode "
+             "kernel's first CTA after a grid-wide check, writes to mapped pinned memory; the host waits for it while the decode runs); 'async' times the same call with "
              "async_index_check (no read-back); 'device' is the median device time of its kernels, the first one's start to "
              "the last one's end (torch.profiler), "
              "what a CUDA-graph replay approaches; cuDNN's 'device' is its kernels' durations per call over back-to-back "

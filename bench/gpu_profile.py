@@ -69,20 +69,26 @@ def make_calls(ft, hdim, seqlen, causal, peers=False):
     return calls, f"b={b} h={h} s={s} d={d} causal={int(causal)}"
 
 
-def kernel_times(fn, calls=10):
-    """Per call: GPU time of all kernels and memsets it launched (µs) and their names with mean µs."""
+def cuda_events(fn, calls, warmup=1):
+    """The CUDA kernels and memsets of `calls` calls of fn after `warmup` unprofiled ones (torch.profiler, CUPTI),
+    in start order."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
-    fn()
+    for _ in range(warmup):
+        fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
             fn()
         torch.cuda.synchronize()
+    return sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA), key=lambda e: e.time_range.start)
+
+
+def kernel_times(fn, calls=10):
+    """Per call: GPU time of all kernels and memsets it launched (µs) and their names with mean µs."""
     per_name = {}
-    for e in prof.events():
-        if e.device_type == DeviceType.CUDA:
-            per_name[e.name] = per_name.get(e.name, 0.0) + e.time_range.elapsed_us()
+    for e in cuda_events(fn, calls):
+        per_name[e.name] = per_name.get(e.name, 0.0) + e.time_range.elapsed_us()
     total = sum(per_name.values()) / calls
     return total, {n[:60]: t / calls for n, t in sorted(per_name.items(), key=lambda kv: -kv[1])}
 

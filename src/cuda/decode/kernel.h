@@ -80,13 +80,12 @@ CUTE_DEVICE void cp_async16(void* smem, const void* gmem, bool valid) {
 // elements, moved as 16-byte chunks.
 template <class Element>
 CUTE_DEVICE void append_head(const detail::AttnParams& a, int b, int hk, int index, int count) {
-  const int kc = static_cast<int>(a.hdim) / 8, per_row = kc + static_cast<int>(a.hdim_v) / 8;
-  const int n = static_cast<int>(a.seqlen_new) * per_row;
+  const std::int64_t kc = a.hdim / 8, per_row = kc + a.hdim_v / 8, n = a.seqlen_new * per_row;
   const std::int64_t held = a.cache_seqlens[b];
-  for (int i = index * kThreads + static_cast<int>(threadIdx.x); i < n; i += count * kThreads) {
-    const int j = i / per_row, c = i % per_row;
+  for (std::int64_t i = std::int64_t{index} * kThreads + threadIdx.x; i < n; i += std::int64_t{count} * kThreads) {
+    const std::int64_t j = i / per_row, c = i % per_row;
     const bool is_k = c < kc;
-    const int e = (is_k ? c : c - kc) * 8;
+    const std::int64_t e = (is_k ? c : c - kc) * 8;
     const detail::KvRow at = detail::kv_row(a, b, held + j);
     const detail::Strides& ns = is_k ? a.k_new_stride : a.v_new_stride;
     const auto* src = static_cast<const Element*>(is_k ? a.k_new : a.v_new) + b * ns.batch + j * ns.row +
