@@ -195,6 +195,8 @@ bool inject(Fault f, Call& c, Rng& r, const std::vector<std::string>& backends) 
     case Fault::dsinks:  // the backward's dsinks missing with sinks, or given without them
       if (!c.is_backward()) return false;
       if (c.sinks) {
+        for (const TensorSpec& x : t)
+          if (x.host == DSINKS) return false;  // an alias of dsinks would lose its memory block
         t[DSINKS].used = false;
       } else {
         t[DSINKS] = TensorSpec{true, false, DType::float32, 1, {c.hq, 0, 0, 0}, {1, 0, 0, 0}};
