@@ -47,23 +47,29 @@ inline V load_row(const BFloat16* p) { return simd::load_bf16(reinterpret_cast<c
 inline V load_row(const Half* p) { return simd::load_f16(reinterpret_cast<const std::uint16_t*>(p)); }
 #endif
 
-// The next key block's K and V rows of one KV head, requested a key at a time while this block's scores are
-// computed: a head's rows are Hkv · D elements apart, too sparse for the hardware prefetchers to follow. Into L2
-// (locality 2), not L1: a block of every head of the tile (64 keys · 8 heads · 512 B) is more than L1 holds.
+// Rows that the next pass over a key block reads, requested a row at a time by the pass before it, so that they
+// arrive while it computes: this (block, head)'s V rows during its Q·Kᵀ, the next (block, head)'s K rows during
+// its P·V. A head's rows are Hkv · D elements apart, too sparse for the hardware prefetchers to follow, and the
+// out-of-order window covers a fraction of a memory latency: without requests the loads of a pass wait about as
+// long as it computes. One pass ahead (~1 us), not further: on the 2-core Xeon (B = 1, 32k keys, GQA 32/8, hd128
+// bf16, one thread) none gave 5.0 GB/s, the next block's K and V (8 heads' passes ahead) 6.5, one pass ahead 12.4.
+// Into L2 (locality 2).
 template <class T>
 struct Ahead {
-  const T* k = nullptr;  // the head's K and V at key offset 0
-  const T* v = nullptr;
-  const std::int64_t* koff = nullptr;  // the next block's row offsets (core/params.h kv_row)
-  const std::int64_t* voff = nullptr;
-  int n = 0, k_bytes = 0, v_bytes = 0;
-  void fetch(int j) const {
+  const T* base = nullptr;             // the head's K or V at key offset 0
+  const std::int64_t* off = nullptr;   // the block's row offsets (core/params.h kv_row)
+  int n = 0, bytes = 0;
+  // Inlined always: a prefetch has no side effect that GCC's IPA counts, so GCC 12 found a fetch() kept out of
+  // line pure and deleted every call to it (no prefetch instruction was left in the kernel).
+  [[gnu::always_inline]] void fetch(int j) const {
     if (j >= n) return;
-    const char* kr = reinterpret_cast<const char*>(k + koff[j]);
-    const char* vr = reinterpret_cast<const char*>(v + voff[j]);
-    for (int b = 0; b < k_bytes; b += 64) __builtin_prefetch(kr + b, 0, 2);
-    for (int b = 0; b < v_bytes; b += 64) __builtin_prefetch(vr + b, 0, 2);
+    const char* r = reinterpret_cast<const char*>(base + off[j]);
+    for (int b = 0; b < bytes; b += 64) __builtin_prefetch(r + b, 0, 2);
   }
+};
+template <class T>
+struct Lookahead {
+  Ahead<T> this_v, next_k, next_v;  // next_v: the matrix path, which reads K and V in one pass
 };
 
 // s[r][j] = q_r · k_j for NR rows (q: ldq-strided floats, pre-scaled) and keys kp[j0, j1), NJ keys at a time:
@@ -130,14 +136,17 @@ void qk_rows(const float* q, int ldq, int d, const T* const* kp, int j0, int j1,
 // kPairs: each 2W-value piece of a value row is read as its even and odd values, so acc's columns are in pair
 // order (NC even).
 template <int NR, int NC, bool kPairs, class T>
-int pv_cols(const float* p, int ldp, const T* const* vp, int j0, int j1, int c, int dv, float* acc, int ldv) {
+int pv_cols(const float* p, int ldp, const T* const* vp, int j0, int j1, int c, int dv, float* acc, int ldv,
+            const Ahead<T>& ahead = {}) {
 #if FT_SIMD_WIDTH
   static_assert(!kPairs || NC % 2 == 0);
+  const int c_first = c;
   for (; c + NC * simd::W <= dv; c += NC * simd::W) {
     V a[NR][NC];
     for (int r = 0; r < NR; ++r)
       for (int u = 0; u < NC; ++u) a[r][u] = simd::set1(0.0f);
     for (int j = j0; j < j1; ++j) {
+      if (c == c_first) ahead.fetch(j);
       V vv[NC];
       if constexpr (kPairs) {
         for (int u = 0; u < NC; u += 2)
@@ -157,16 +166,17 @@ int pv_cols(const float* p, int ldp, const T* const* vp, int j0, int j1, int c, 
       }
   }
 #else
-  (void)p, (void)ldp, (void)vp, (void)j0, (void)j1, (void)dv, (void)acc, (void)ldv;
+  (void)p, (void)ldp, (void)vp, (void)j0, (void)j1, (void)dv, (void)acc, (void)ldv, (void)ahead;
 #endif
   return c;
 }
 
 template <int NR, bool kPairs = false, class T>
-void pv_rows(const float* p, int ldp, const T* const* vp, int j0, int j1, int dv, float* acc, int ldv) {
+void pv_rows(const float* p, int ldp, const T* const* vp, int j0, int j1, int dv, float* acc, int ldv,
+             const Ahead<T>& ahead = {}) {
   // One or two rows leave few independent accumulators per column vector: take more columns at once.
   constexpr int kCols = NR <= 2 ? 4 : 2;
-  int c = pv_cols<NR, kCols, kPairs>(p, ldp, vp, j0, j1, 0, dv, acc, ldv);
+  int c = pv_cols<NR, kCols, kPairs>(p, ldp, vp, j0, j1, 0, dv, acc, ldv, ahead);
   if constexpr (kPairs) {
     pv_cols<NR, 2, true>(p, ldp, vp, j0, j1, c, dv, acc, ldv);  // dv is a multiple of 2W: nothing is left
     return;
@@ -263,11 +273,12 @@ constexpr int kMatrixRows = 16;
 
 template <class T>
 void block_rows_gemm(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPolicy& mask, int r_begin, int r_end,
-                     std::int64_t k0, int n, bool partial, int d, int dv, const Ahead<T>& ahead) {
+                     std::int64_t k0, int n, bool partial, int d, int dv, const Lookahead<T>& ahead) {
   const int rows = r_end - r_begin, np = padded(n);
   float* kt = w.kt.get();
   for (int j = 0; j < n; ++j) {
-    ahead.fetch(j);
+    ahead.next_k.fetch(j);
+    ahead.next_v.fetch(j);
     const T* kr = w.kp[j];
     const T* vr = w.vp[j];
     for (int c = 0; c < d; ++c) kt[c * kDecodeKeys + j] = to_float(kr[c]);
@@ -291,7 +302,7 @@ void block_rows_gemm(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPo
 // kPairs: the tile's query rows and output accumulators are in pair order (attend_tile).
 template <bool kPairs, class T>
 void block_rows(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPolicy& mask, int r_begin, int r_end,
-                std::int64_t k0, int n, bool partial, int d, int dv, const Ahead<T>& ahead) {
+                std::int64_t k0, int n, bool partial, int d, int dv, const Lookahead<T>& ahead) {
   const T* const* kp = w.kp.get();
   const T* const* vp = w.vp.get();
   if constexpr (!kPairs)
@@ -300,14 +311,14 @@ void block_rows(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPolicy&
     const int r = r_begin + g;
     qk_rows<NR, NR <= 2 ? 4 : 2, kPairs>(w.q.get() + static_cast<std::int64_t>(r) * w.ldq, w.ldq, d, kp, 0, n,
                                          w.s.get() + static_cast<std::int64_t>(r) * kDecodeKeys, kDecodeKeys,
-                                         g == 0 ? ahead : Ahead<T>{});
+                                         g == 0 ? ahead.this_v : Ahead<T>{});
   });
   softmax_rows(w, t, mask, r_begin, r_end, k0, n, partial, dv);
   if (!partial) {
     row_groups(r_end - r_begin, [&]<int NR>(int g) {
       const int r = r_begin + g;
       pv_rows<NR, kPairs>(w.s.get() + static_cast<std::int64_t>(r) * kDecodeKeys, kDecodeKeys, vp, 0, n, dv,
-                          w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.ldv);
+                          w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.ldv, g == 0 ? ahead.next_k : Ahead<T>{});
     });
     return;
   }
@@ -388,8 +399,14 @@ void attend_tile(const AttnParams& p, DecodeScratch<T>& w, const RowTile& t, int
         w.kp[j] = kh + koff[j];
         w.vp[j] = vh + voff[j];
       }
-      const Ahead<T> ahead{kh, vh, w.koff.get() + (half ^ 1) * kDecodeKeys, w.voff.get() + (half ^ 1) * kDecodeKeys, n,
-                           static_cast<int>(sizeof(T)) * d, static_cast<int>(sizeof(T)) * dv};
+      // The next (block, head): head hh + 1 of this block, or head 0 of the next block (n keys, none at the end).
+      const bool last = hh + 1 == t.heads;
+      const std::int64_t hk_next = last ? t.hk0 : hk + 1;
+      const int next_half = last ? half ^ 1 : half, n_next = last ? n : n_here;
+      const int kb = static_cast<int>(sizeof(T)) * d, vb = static_cast<int>(sizeof(T)) * dv;
+      const Lookahead<T> ahead{{vh, voff, n_here, vb},
+                               {kbase + hk_next * p.k_stride.head, w.koff.get() + next_half * kDecodeKeys, n_next, kb},
+                               {vbase + hk_next * p.v_stride.head, w.voff.get() + next_half * kDecodeKeys, n_next, vb}};
       const bool partial = tm == detail::TileMask::partial;
 #if FT_SIMD_WIDTH
       if (pairs) {
