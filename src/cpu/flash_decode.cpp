@@ -112,6 +112,10 @@ void qk_rows(const float* q, int ldq, int d, const T* const* kp, int j0, int j1,
     if constexpr (NR * NJ == 8) {  // all eight at once (simd.h reduce_add8): lane r * NJ + u is sum[r][u]
       simd::store(&sum[0][0], simd::reduce_add8(&a[0][0]));
     } else
+#elif FT_SIMD_WIDTH == 16
+    if constexpr (NR * NJ == 16) {  // all sixteen at once (simd.h reduce_add16), as reduce_add8 above
+      simd::store(&sum[0][0], simd::reduce_add16(&a[0][0]));
+    } else
 #endif
     {
       for (int r = 0; r < NR; ++r)
@@ -128,6 +132,10 @@ void qk_rows(const float* q, int ldq, int d, const T* const* kp, int j0, int j1,
   }
   if (j < j1) qk_rows<NR, 1, kPairs>(q, ldq, d, kp, j, j1, s, lds, ahead);
 }
+
+// Keys per step of qk_rows for NR rows: NR · NJ accumulators and the NJ key pieces in registers, the sums of
+// eight (AVX2) or sixteen (AVX-512) taken in one tree.
+constexpr int qk_keys(int nr) { return FT_SIMD_WIDTH == 16 && nr == 4 ? 4 : nr <= 2 ? 4 : 2; }
 
 // acc[r][c] += Σ_{j in [j0, j1)} p[r][j] · v_j[c] for NR rows and the columns [c, c + NC·W·k) that fit below dv,
 // NC vectors at a time; returns the first column left. The block's sum is formed on its own and then added
@@ -174,8 +182,9 @@ int pv_cols(const float* p, int ldp, const T* const* vp, int j0, int j1, int c, 
 template <int NR, bool kPairs = false, class T>
 void pv_rows(const float* p, int ldp, const T* const* vp, int j0, int j1, int dv, float* acc, int ldv,
              const Ahead<T>& ahead = {}) {
-  // One or two rows leave few independent accumulators per column vector: take more columns at once.
-  constexpr int kCols = NR <= 2 ? 4 : 2;
+  // One or two rows leave few independent accumulators per column vector: take more columns at once (and with
+  // AVX-512's 32 registers, four at four rows: fewer passes over the block's value rows).
+  constexpr int kCols = NR <= 2 || (FT_SIMD_WIDTH == 16 && NR == 4) ? 4 : 2;
   int c = pv_cols<NR, kCols, kPairs>(p, ldp, vp, j0, j1, 0, dv, acc, ldv, ahead);
   if constexpr (kPairs) {
     pv_cols<NR, 2, true>(p, ldp, vp, j0, j1, c, dv, acc, ldv);  // dv is a multiple of 2W: nothing is left
@@ -309,7 +318,7 @@ void block_rows(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPolicy&
     if (r_end - r_begin >= kMatrixRows) return block_rows_gemm(w, t, mask, r_begin, r_end, k0, n, partial, d, dv, ahead);
   row_groups(r_end - r_begin, [&]<int NR>(int g) {
     const int r = r_begin + g;
-    qk_rows<NR, NR <= 2 ? 4 : 2, kPairs>(w.q.get() + static_cast<std::int64_t>(r) * w.ldq, w.ldq, d, kp, 0, n,
+    qk_rows<NR, qk_keys(NR), kPairs>(w.q.get() + static_cast<std::int64_t>(r) * w.ldq, w.ldq, d, kp, 0, n,
                                          w.s.get() + static_cast<std::int64_t>(r) * kDecodeKeys, kDecodeKeys,
                                          g == 0 ? ahead.this_v : Ahead<T>{});
   });
@@ -331,13 +340,12 @@ void block_rows(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPolicy&
 // odd ones, as simd.h load_bf16_pairs reads a bf16 row. The query rows are stored in it and the output
 // accumulators come out in it; rounding is that of the plain path but for the order of the dot products' terms.
 // Only for bf16 caches whose head dims are whole pieces, and tiles below kMatrixRows rows (the matrix path reads
-// the query rows in their own order); and on AVX2 only for now: the AVX-512 form (32-value pieces) compiles but has
-// not run on an AVX-512 CPU yet (this machine has none).
+// the query rows in their own order); AVX2 (16-value pieces) and AVX-512 (32-value pieces).
 struct PairOrder {
   static constexpr int kPiece = 2 * (FT_SIMD_WIDTH > 0 ? FT_SIMD_WIDTH : 1);
   template <class T>
   static bool applies(int d, int dv, int rows_per_head) {
-    return FT_SIMD_WIDTH == 8 && std::is_same_v<T, BFloat16> && d % kPiece == 0 && dv % kPiece == 0 &&
+    return (FT_SIMD_WIDTH == 8 || FT_SIMD_WIDTH == 16) && std::is_same_v<T, BFloat16> && d % kPiece == 0 && dv % kPiece == 0 &&
            rows_per_head < kMatrixRows;
   }
   // Position of column c in pair order.

@@ -85,6 +85,23 @@ inline V load_bf16(const std::uint16_t* p) {
   return {_mm512_castsi512_ps(_mm512_slli_epi32(x, 16))};
 }
 inline V load_f16(const std::uint16_t* p) { return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))}; }
+// The sixteen horizontal sums of a[0..16) as one vector, lane i = Σ a[i]: pairs of vectors halve per level
+// (in-lane unpacks twice, then 128-bit blocks twice), 45 instructions where sixteen reduce_add take 128 (the
+// decode kernel's dot products).
+inline V reduce_add16(const V* a) {
+  __m512 s[8], t[4], u[2];
+  for (int i = 0; i < 8; ++i)  // per 128-bit block: [a0, a1, a0, a1] partial sums of a[2i], a[2i+1]
+    s[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i].v, a[2 * i + 1].v), _mm512_unpackhi_ps(a[2 * i].v, a[2 * i + 1].v));
+  for (int i = 0; i < 4; ++i) {  // per block: [a0, a1, a2, a3] of a[4i ..]
+    const __m512d x = _mm512_castps_pd(s[2 * i]), y = _mm512_castps_pd(s[2 * i + 1]);
+    t[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  for (int i = 0; i < 2; ++i)  // blocks 0 + 1 and 2 + 3 of t[2i], then of t[2i + 1]
+    u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  return {_mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                        _mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)))};
+}
 // 32 bfloat16 values as two float vectors, the even-indexed ones (0, 2, ..) and the odd ones (1, 3, ..): one load
 // and one shift or mask each, where widening them in order takes a zero-extension per 16 (the decode kernel's
 // pair order, flash_decode.cpp).
