@@ -102,6 +102,29 @@ inline V reduce_add16(const V* a) {
   return {_mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
                         _mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)))};
 }
+// Transposes the 16 x 16 matrix of 32-bit elements whose rows are r[0..16), in place: unpacks of 32- and 64-bit
+// elements within 128-bit blocks, then a 4 x 4 transpose of the blocks (64 shuffles).
+inline void transpose16_epi32(__m512i* r) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 8; ++i) {  // per block k: t[2i] = rows 2i, 2i+1 at columns 4k, 4k+1; t[2i+1] at 4k+2, 4k+3
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // per block k: u[4i + e] = rows 4i .. 4i+3 at column 4k + e
+    u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int e = 0; e < 4; ++e) {  // column 4k + e takes block k of u[e], u[4 + e], u[8 + e], u[12 + e]
+    const __m512i x0 = _mm512_shuffle_i32x4(u[e], u[4 + e], 0x44), x1 = _mm512_shuffle_i32x4(u[e], u[4 + e], 0xEE);
+    const __m512i x2 = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], 0x44), x3 = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], 0xEE);
+    r[e] = _mm512_shuffle_i32x4(x0, x2, 0x88);
+    r[4 + e] = _mm512_shuffle_i32x4(x0, x2, 0xDD);
+    r[8 + e] = _mm512_shuffle_i32x4(x1, x3, 0x88);
+    r[12 + e] = _mm512_shuffle_i32x4(x1, x3, 0xDD);
+  }
+}
 // 32 bfloat16 values as two float vectors, the even-indexed ones (0, 2, ..) and the odd ones (1, 3, ..): one load
 // and one shift or mask each, where widening them in order takes a zero-extension per 16 (the decode kernel's
 // pair order, flash_decode.cpp).
