@@ -38,9 +38,12 @@ constexpr TileConfig tile_config(std::int64_t hdim) {
 //  D <= 128: 64 x 128 — full 456 vs 434 GFLOP/s, 0.146 vs 0.231 s, 0.117 vs 0.179 s; causal 512 vs 501
 //            GFLOP/s, 0.062 vs 0.092 s, 0.082 vs 0.087 s (128 x 128 was close: 0.146, 0.120 s full).
 //  D <= 256: as tile_config (not measured).
+// Re-measured on the 2-core Xeon of 2026-12-02 (AMX peak 3.8 TFLOP/s per core there), B=1 H=8 D=128 bf16,
+// 2 threads, one process, against 64 x 128 (GFLOP/s): S=2048 full 873 vs 834, causal 775 vs 728; S=4096 full
+// 842 vs 825, causal 860 vs 804; S=512 causal 580 vs 511 (64 x 512: 963, 825, 827, 871, 526). So D <= 128
+// takes 64 x 256 too.
 constexpr TileConfig amx_tile_config(std::int64_t hdim) {
-  if (hdim <= 64) return {64, 256};
-  if (hdim <= 128) return {64, 128};
+  if (hdim <= 128) return {64, 256};
   return tile_config(hdim);
 }
 
