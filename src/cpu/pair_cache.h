@@ -95,12 +95,6 @@ inline void put_keys16(PairScratch& w, const BFloat16* const* ks, const BFloat16
     simd::transpose16_epi32(r);
     for (int k = 0; k < 16; ++k) _mm512_storeu_si512(kt + static_cast<std::int64_t>(i0 + k) * w.bk, r[k]);
   }
-  alignas(64) std::uint16_t lo_idx[32], hi_idx[32];
-  for (int m = 0; m < 16; ++m) {
-    lo_idx[2 * m] = static_cast<std::uint16_t>(m), lo_idx[2 * m + 1] = static_cast<std::uint16_t>(32 + m);
-    hi_idx[2 * m] = static_cast<std::uint16_t>(16 + m), hi_idx[2 * m + 1] = static_cast<std::uint16_t>(48 + m);
-  }
-  const __m512i lo = _mm512_load_si512(lo_idx), hi = _mm512_load_si512(hi_idx);
   const __m512i exp_mask = _mm512_set1_epi16(0x7f80);
   __mmask32 nonfinite = 0;  // exponent all ones: Inf or NaN
   for (int m = 0; m < 16; m += 2) {
@@ -109,8 +103,7 @@ inline void put_keys16(PairScratch& w, const BFloat16* const* ks, const BFloat16
       const __m512i a = _mm512_loadu_si512(vs[m] + c), b = _mm512_loadu_si512(vs[m + 1] + c);
       nonfinite |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(a, exp_mask), exp_mask) |
                    _mm512_cmpeq_epi16_mask(_mm512_and_si512(b, exp_mask), exp_mask);
-      _mm512_storeu_si512(vd + 2 * c, _mm512_permutex2var_epi16(a, lo, b));
-      _mm512_storeu_si512(vd + 2 * c + 32, _mm512_permutex2var_epi16(a, hi, b));
+      simd::interleave32_epi16(vs[m] + c, vs[m + 1] + c, vd + 2 * c);
     }
   }
   if (nonfinite != 0) w.v_nonfinite[j0 / w.align] = true;  // align >= 16: one group holds the 16 keys

@@ -102,6 +102,17 @@ inline V reduce_add16(const V* a) {
   return {_mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
                         _mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)))};
 }
+// out[2i] = a[i], out[2i + 1] = b[i] for i < 32 (16-bit elements): two rows as the pairs of a bf16 tile product's
+// operand, one two-source permute per 32 outputs.
+inline void interleave32_epi16(const void* a, const void* b, void* out) {
+  alignas(64) static constexpr std::uint16_t kLo[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                                       8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  alignas(64) static constexpr std::uint16_t kHi[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
+                                                       24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
+  const __m512i x = _mm512_loadu_si512(a), y = _mm512_loadu_si512(b);
+  _mm512_storeu_si512(out, _mm512_permutex2var_epi16(x, _mm512_load_si512(kLo), y));
+  _mm512_storeu_si512(static_cast<char*>(out) + 64, _mm512_permutex2var_epi16(x, _mm512_load_si512(kHi), y));
+}
 // Transposes the 16 x 16 matrix of 32-bit elements whose rows are r[0..16), in place: unpacks of 32- and 64-bit
 // elements within 128-bit blocks, then a 4 x 4 transpose of the blocks (64 shuffles).
 inline void transpose16_epi32(__m512i* r) {
