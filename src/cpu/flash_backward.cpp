@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <type_traits>
 #include <vector>
@@ -421,8 +422,8 @@ void key_tile_amx(Shared& sh, BwdScratch& w, AmxScratch& x, std::int64_t b, std:
         const BFloat16* gs = row_ptr<BFloat16>(p.dout, p.dout_stride, b, seq.q_row0 + q0 + r, h);
         std::uint16_t* qd = x.q16.get() + static_cast<std::int64_t>(r) * d32;
         std::uint16_t* gd = x.do16.get() + static_cast<std::int64_t>(r) * dv32;
-        for (int c = 0; c < d; ++c) qd[c] = qs[c].bits;
-        for (int c = 0; c < dv; ++c) gd[c] = gs[c].bits;
+        std::memcpy(qd, qs, sizeof(std::uint16_t) * static_cast<std::size_t>(d));  // the bits, as they are
+        std::memcpy(gd, gs, sizeof(std::uint16_t) * static_cast<std::size_t>(dv));
         std::fill(qd + d, qd + d32, std::uint16_t{0});
         std::fill(gd + dv, gd + dv32, std::uint16_t{0});
         w.lse[r] = sh.lse(head, b, h, q0 + r);
