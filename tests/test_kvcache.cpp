@@ -265,6 +265,18 @@ std::vector<KvCase> cases() {
   KvCase tall = kv(var("TwoRowTiles_causal_short", 2, 32, {20, 300}, 8, 2, 64, 64, DType::float32), 8);
   tall.v.causal = true;
   out.push_back(tall);
+  // Speculative decoding in bf16 with whole row tiles per KV head (16 tokens x G 4 = 64 rows): the matrix path,
+  // on AMX tiles where the kernel set has them (avx512-amx, avx2-amxemu); paged, causal, split in two.
+  KvCase spec = kv(var("Spec16_paged16_causal_bf16", 2, 16, {300, 70}, 8, 2, 128, 128, DType::bfloat16), 16, 16);
+  spec.v.causal = true;
+  spec.splits = 2;
+  out.push_back(spec);
+  // The same path at head dim 96 (three 32-wide steps), a window, sinks and softcap, 32 rows per KV head.
+  KvCase spec96 = kv(var("Spec8_d96_window_sinks_softcap_bf16", 1, 8, {200}, 8, 2, 96, 64, DType::bfloat16), 8);
+  spec96.v.window = {50, 0};
+  spec96.v.sinks = true;
+  spec96.v.softcap = 20.0f;
+  out.push_back(spec96);
   // A long sequence split automatically (2 threads, one KV head: several splits).
   KvCase longseq = kv(var("Long_auto_splits", 1, 1, {6000}, 4, 1, 64, 64, DType::bfloat16), 1);
   longseq.expect_split = true;

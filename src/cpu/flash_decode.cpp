@@ -30,6 +30,9 @@
 #include "cpu/score_row.h"
 #include "cpu/simd.h"
 #include "cpu/tile_ops.h"
+#if defined(FT_AMX)
+#include "cpu/amx_tiles.h"
+#endif
 
 #ifndef FT_ISA_NS
 #error "FT_ISA_NS must name the ISA namespace"
@@ -222,19 +225,32 @@ struct DecodeScratch {
   std::unique_ptr<std::int64_t[]> koff, voff;
   std::unique_ptr<const T*[]> kp, vp;
   std::unique_ptr<float[]> kt, vf, pv;  // the matrix-product path (many rows): Kᵀ, V and P·V of a block in float
+#if defined(FT_AMX)
+  // The matrix path on AMX tiles (bf16): Q's bits, the block's Kᵀ and V as pairs, P in bf16 (block_rows_amx).
+  // A head's products run over whole 32-row blocks, past its last row: q16, s and pb have 32 rows more.
+  std::unique_ptr<std::uint16_t[]> q16, ktp, vtp, pb;
+#endif
   std::vector<HeadInfo> heads;  // one per row; capacity kept across the thread's tasks
   static std::unique_ptr<float[]> zeros(std::int64_t n) {
     return std::unique_ptr<float[]>(new float[static_cast<std::size_t>(n)]());
   }
+  static std::unique_ptr<std::uint16_t[]> bits(std::int64_t n) {
+    return std::unique_ptr<std::uint16_t[]>(new std::uint16_t[static_cast<std::size_t>(n)]());
+  }
   int d, dv;
   DecodeScratch(int d_, int dv_)
       : ldq(padded(d_)), ldv(padded(dv_)), q(zeros(static_cast<std::int64_t>(kDecodeRows) * ldq)),
-        s(zeros(static_cast<std::int64_t>(kDecodeRows) * kDecodeKeys)),
+        s(zeros(static_cast<std::int64_t>(kDecodeRows + 32) * kDecodeKeys)),
         acc(zeros(static_cast<std::int64_t>(kDecodeRows) * ldv)), m(zeros(kDecodeRows)), l(zeros(kDecodeRows)),
         lo(new int[kDecodeRows]), hi(new int[kDecodeRows]), koff(new std::int64_t[2 * kDecodeKeys]),
         voff(new std::int64_t[2 * kDecodeKeys]), kp(new const T*[kDecodeKeys]), vp(new const T*[kDecodeKeys]),
         kt(zeros(static_cast<std::int64_t>(d_) * kDecodeKeys)), vf(zeros(static_cast<std::int64_t>(kDecodeKeys) * ldv)),
-        pv(zeros(static_cast<std::int64_t>(kDecodeRows) * ldv)), d(d_), dv(dv_) {
+        pv(zeros(static_cast<std::int64_t>(kDecodeRows) * ldv)),
+#if defined(FT_AMX)
+        q16(bits(static_cast<std::int64_t>(kDecodeRows + 32) * d_)), ktp(bits(static_cast<std::int64_t>(d_) * kDecodeKeys)),
+        vtp(bits(static_cast<std::int64_t>(kDecodeKeys) * dv_)), pb(bits(static_cast<std::int64_t>(kDecodeRows + 32) * kDecodeKeys)),
+#endif
+        d(d_), dv(dv_) {
     heads.reserve(kDecodeRows);
   }
   // This thread's scratch for head dims (d, dv), kept between calls: a decoding loop calls once per token, and
@@ -306,16 +322,105 @@ void block_rows_gemm(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPo
   add_rows(rows, w.ldv, w.pv.get(), w.acc.get() + static_cast<std::int64_t>(r_begin) * w.ldv);
 }
 
+#if defined(FT_AMX)
+// The matrix path on AMX tiles, for bf16 caches whose head dims are multiples of 32 (the tile products' step):
+// S = Q·Kᵀ on Q's own bits (the softmax scale then multiplies S, as the AMX forward does), P rounded to bf16
+// for P·V, float32 accumulation. The block is packed as the products read it: Kᵀ as pairs of head-dim entries
+// per key ([d / 2][kDecodeKeys][2], a 32-bit transpose of the K rows) and V as pairs of keys per column
+// ([kDecodeKeys / 2][dv][2]), keys n .. n32 zero. A block holding an Inf or NaN value takes the float32 path
+// (block_rows_gemm): a masked key's P = 0 would meet it as 0 · Inf = NaN.
+inline bool amx_applies(int d, int dv) { return d % 32 == 0 && dv % 32 == 0; }
+
+// Packs the block (w.kp / w.vp, n keys); returns whether a V value is Inf or NaN.
+inline bool pack_pairs(DecodeScratch<BFloat16>& w, int n, int d, int dv) {
+  const int n32 = (n + 31) / 32 * 32;
+  auto* kt = reinterpret_cast<std::uint32_t*>(w.ktp.get());  // [d / 2][kDecodeKeys] pairs
+  int j = 0;
+#if FT_SIMD_WIDTH == 16
+  for (; j + 16 <= n; j += 16)
+    for (int i0 = 0; i0 < d / 2; i0 += 16) {
+      __m512i r[16];
+      for (int k = 0; k < 16; ++k) r[k] = _mm512_loadu_si512(reinterpret_cast<const std::uint32_t*>(w.kp[j + k]) + i0);
+      simd::transpose16_epi32(r);
+      for (int k = 0; k < 16; ++k) _mm512_storeu_si512(kt + static_cast<std::int64_t>(i0 + k) * kDecodeKeys + j, r[k]);
+    }
+#endif
+  for (; j < n32; ++j)
+    for (int i = 0; i < d / 2; ++i) {
+      std::uint32_t pair = 0;
+      if (j < n) std::memcpy(&pair, w.kp[j] + 2 * i, sizeof pair);
+      kt[static_cast<std::int64_t>(i) * kDecodeKeys + j] = pair;
+    }
+  bool nonfinite = false;
+  int jj = 0;
+#if FT_SIMD_WIDTH == 16
+  const __m512i exp_mask = _mm512_set1_epi16(0x7f80);
+  __mmask32 bad = 0;
+  for (; jj + 2 <= n; jj += 2) {
+    const auto* a = reinterpret_cast<const std::uint16_t*>(w.vp[jj]);
+    const auto* b = reinterpret_cast<const std::uint16_t*>(w.vp[jj + 1]);
+    std::uint16_t* out = w.vtp.get() + static_cast<std::int64_t>(jj) * dv;  // pair row jj / 2
+    for (int c = 0; c < dv; c += 32) {
+      bad |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(_mm512_loadu_si512(a + c), exp_mask), exp_mask) |
+             _mm512_cmpeq_epi16_mask(_mm512_and_si512(_mm512_loadu_si512(b + c), exp_mask), exp_mask);
+      simd::interleave32_epi16(a + c, b + c, out + 2 * c);
+    }
+  }
+  nonfinite = bad != 0;
+#endif
+  for (; jj < n32; jj += 2) {
+    const auto* a = jj < n ? reinterpret_cast<const std::uint16_t*>(w.vp[jj]) : nullptr;
+    const auto* b = jj + 1 < n ? reinterpret_cast<const std::uint16_t*>(w.vp[jj + 1]) : nullptr;
+    std::uint16_t* out = w.vtp.get() + static_cast<std::int64_t>(jj) * dv;  // pair row jj / 2
+    for (int c = 0; c < dv; ++c) {
+      const std::uint16_t x = a != nullptr ? a[c] : 0, y = b != nullptr ? b[c] : 0;
+      nonfinite |= (x & 0x7f80u) == 0x7f80u || (y & 0x7f80u) == 0x7f80u;  // exponent all ones
+      out[2 * c] = x;
+      out[2 * c + 1] = y;
+    }
+  }
+  return nonfinite;
+}
+
+void block_rows_amx(DecodeScratch<BFloat16>& w, const RowTile& t, const detail::MaskPolicy& mask, int r_begin,
+                    int r_end, std::int64_t k0, int n, bool partial, int d, int dv, float scale,
+                    const Lookahead<BFloat16>& ahead) {
+  for (int j = 0; j < n; ++j) {
+    ahead.next_k.fetch(j);
+    ahead.next_v.fetch(j);
+  }
+  if (pack_pairs(w, n, d, dv)) return block_rows_gemm(w, t, mask, r_begin, r_end, k0, n, partial, d, dv, Lookahead<BFloat16>{});
+  const int rows = r_end - r_begin, rows32 = (rows + 31) / 32 * 32, n32 = (n + 31) / 32 * 32;
+  float* s = w.s.get() + static_cast<std::int64_t>(r_begin) * kDecodeKeys;
+  amx::gemm(rows32, n32, d / 32, w.q16.get() + static_cast<std::int64_t>(r_begin) * d, d, w.ktp.get(), 2 * kDecodeKeys,
+            s, kDecodeKeys, false);
+  for (int r = 0; r < rows; ++r) scale_row(s + static_cast<std::int64_t>(r) * kDecodeKeys, n, scale);
+  softmax_rows(w, t, mask, r_begin, r_end, k0, n, partial, dv);
+  std::uint16_t* pb = w.pb.get() + static_cast<std::int64_t>(r_begin) * kDecodeKeys;
+  for (int r = 0; r < rows; ++r)
+    to_bf16_row(s + static_cast<std::int64_t>(r) * kDecodeKeys, pb + static_cast<std::int64_t>(r) * kDecodeKeys, n, n32);
+  amx::gemm(rows32, dv, n32 / 32, pb, kDecodeKeys, w.vtp.get(), 2 * dv, w.pv.get(), w.ldv, false);
+  add_rows(rows, w.ldv, w.pv.get(), w.acc.get() + static_cast<std::int64_t>(r_begin) * w.ldv);
+}
+#endif
+
 // One key block [k0, k0 + n) for the rows of one KV head (rows [r_begin, r_end) of the tile): scores, hook,
 // mask, online softmax, P·V.
 // kPairs: the tile's query rows and output accumulators are in pair order (attend_tile).
 template <bool kPairs, class T>
 void block_rows(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPolicy& mask, int r_begin, int r_end,
-                std::int64_t k0, int n, bool partial, int d, int dv, const Lookahead<T>& ahead) {
+                std::int64_t k0, int n, bool partial, int d, int dv, float scale, const Lookahead<T>& ahead) {
   const T* const* kp = w.kp.get();
   const T* const* vp = w.vp.get();
   if constexpr (!kPairs)
-    if (r_end - r_begin >= kMatrixRows) return block_rows_gemm(w, t, mask, r_begin, r_end, k0, n, partial, d, dv, ahead);
+    if (r_end - r_begin >= kMatrixRows) {
+#if defined(FT_AMX)
+      if constexpr (std::is_same_v<T, BFloat16>)
+        if (amx_applies(d, dv)) return block_rows_amx(w, t, mask, r_begin, r_end, k0, n, partial, d, dv, scale, ahead);
+#endif
+      (void)scale;
+      return block_rows_gemm(w, t, mask, r_begin, r_end, k0, n, partial, d, dv, ahead);
+    }
   row_groups(r_end - r_begin, [&]<int NR>(int g) {
     const int r = r_begin + g;
     qk_rows<NR, qk_keys(NR), kPairs>(w.q.get() + static_cast<std::int64_t>(r) * w.ldq, w.ldq, d, kp, 0, n,
@@ -368,6 +473,10 @@ void attend_tile(const AttnParams& p, DecodeScratch<T>& w, const RowTile& t, int
     float* dst = w.q.get() + static_cast<std::int64_t>(r) * w.ldq;
     const T* src = row_ptr<T>(p.q, p.q_stride, t.b, t.token(r), t.head(r));
     for (int c = 0; c < d; ++c) dst[pairs ? PairOrder::slot(c) : c] = to_float(src[c]) * p.softmax_scale;
+#if defined(FT_AMX)
+    if constexpr (std::is_same_v<T, BFloat16>)
+      if (amx_applies(d, dv)) std::memcpy(w.q16.get() + static_cast<std::int64_t>(r) * d, src, sizeof(T) * static_cast<std::size_t>(d));
+#endif
     if (split == 0) {  // the sink enters one split only, so that the merge counts it once
       start_row(w.heads[static_cast<std::size_t>(r)], w.m[r], w.l[r]);
     } else {
@@ -390,6 +499,11 @@ void attend_tile(const AttnParams& p, DecodeScratch<T>& w, const RowTile& t, int
     }
     return n;
   };
+#if defined(FT_AMX)
+  // The tile configuration is per thread, for this tile's products (block_rows_amx).
+  const bool amx_tiles = std::is_same_v<T, BFloat16> && amx_applies(d, dv) && t.per_head >= kMatrixRows;
+  if (amx_tiles) amx::configure();
+#endif
   int half = 0;
   int n = keys.begin < keys.end ? gather(keys.begin, half) : 0;
   for (std::int64_t k0 = keys.begin; k0 < keys.end; k0 += kDecodeKeys, half ^= 1) {
@@ -418,14 +532,19 @@ void attend_tile(const AttnParams& p, DecodeScratch<T>& w, const RowTile& t, int
       const bool partial = tm == detail::TileMask::partial;
 #if FT_SIMD_WIDTH
       if (pairs) {
-        block_rows<true>(w, t, mask, hh * t.per_head, (hh + 1) * t.per_head, k0, n_here, partial, d, dv, ahead);
+        block_rows<true>(w, t, mask, hh * t.per_head, (hh + 1) * t.per_head, k0, n_here, partial, d, dv,
+                         p.softmax_scale, ahead);
         continue;
       }
 #endif
-      block_rows<false>(w, t, mask, hh * t.per_head, (hh + 1) * t.per_head, k0, n_here, partial, d, dv, ahead);
+      block_rows<false>(w, t, mask, hh * t.per_head, (hh + 1) * t.per_head, k0, n_here, partial, d, dv,
+                        p.softmax_scale, ahead);
     }
   }
 
+#if defined(FT_AMX)
+  if (amx_tiles) amx::release();
+#endif
   // The rows' results: final (one split) or a partial for the merge, [row][split][dv + 1] with the LSE last.
   for (int r = 0; r < rows; ++r) {
     const float l = w.l[r], m = w.m[r];

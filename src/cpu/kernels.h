@@ -50,10 +50,12 @@ void forward(const detail::AttnParams& p, TileConfig tile, int threads);
 namespace avx512_amx {
 void forward(const detail::AttnParams& p, TileConfig tile, int threads);
 void backward(const detail::AttnParams& p, TileConfig tile, int threads);
+void decode(const detail::AttnParams& p, const DecodePlan& plan, int threads);
 }
 namespace avx2_amxemu {
 void forward(const detail::AttnParams& p, TileConfig tile, int threads);
 void backward(const detail::AttnParams& p, TileConfig tile, int threads);
+void decode(const detail::AttnParams& p, const DecodePlan& plan, int threads);
 }
 
 // The kernel set for this CPU, or the one forced by FLASHTILE_CPU_ISA=scalar|avx2|avx512|avx512-bf16|avx512-amx|
