@@ -138,7 +138,9 @@ inline float exp_row(float* x, int n, float sub) {
 // next key tile's Kᵀ and V over the rows of the current tile's softmax this way: with the head's K/V cache
 // in L3 (S = 4096, D = 128: 4 MiB), the key-tile loop ran at 39–43 GFLOP/s median on one AVX2 core without
 // it and 50–52 with it (interleaved micro-benchmark of the loop, 400 runs each).
-inline void prefetch_slice(const void* p, std::int64_t bytes, int part, int parts) {
+// Inlined always: GCC 12's IPA finds an out-of-line function made of prefetches pure and deletes its calls
+// (it did so to the decode kernel's, flash_decode.cpp Ahead).
+[[gnu::always_inline]] inline void prefetch_slice(const void* p, std::int64_t bytes, int part, int parts) {
   const std::int64_t lines = (bytes + 63) / 64;
   const char* c = static_cast<const char*>(p);
   for (std::int64_t i = lines * part / parts; i < lines * (part + 1) / parts; ++i) __builtin_prefetch(c + 64 * i, 0, 2);
