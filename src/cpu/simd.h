@@ -114,26 +114,28 @@ inline void interleave32_epi16(const void* a, const void* b, void* out) {
   _mm512_storeu_si512(static_cast<char*>(out) + 64, _mm512_permutex2var_epi16(x, _mm512_load_si512(kHi), y));
 }
 // Transposes the 16 x 16 matrix of 32-bit elements whose rows are r[0..16), in place: unpacks of 32- and 64-bit
-// elements within 128-bit blocks, then a 4 x 4 transpose of the blocks (64 shuffles).
+// elements within 128-bit blocks, then a 4 x 4 transpose of the blocks (64 shuffles). The all-ones zero-masked
+// forms are the same instructions as the plain ones, whose GCC 12 expansion merges into _mm512_undefined_epi32()
+// and fails -Werror=uninitialized in the sanitizer build (-O2).
 inline void transpose16_epi32(__m512i* r) {
   __m512i t[16], u[16];
   for (int i = 0; i < 8; ++i) {  // per block k: t[2i] = rows 2i, 2i+1 at columns 4k, 4k+1; t[2i+1] at 4k+2, 4k+3
-    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i] = _mm512_maskz_unpacklo_epi32(0xFFFF, r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_maskz_unpackhi_epi32(0xFFFF, r[2 * i], r[2 * i + 1]);
   }
   for (int i = 0; i < 4; ++i) {  // per block k: u[4i + e] = rows 4i .. 4i+3 at column 4k + e
-    u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-    u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-    u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-    u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i] = _mm512_maskz_unpacklo_epi64(0xFF, t[4 * i], t[4 * i + 2]);
+    u[4 * i + 1] = _mm512_maskz_unpackhi_epi64(0xFF, t[4 * i], t[4 * i + 2]);
+    u[4 * i + 2] = _mm512_maskz_unpacklo_epi64(0xFF, t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm512_maskz_unpackhi_epi64(0xFF, t[4 * i + 1], t[4 * i + 3]);
   }
   for (int e = 0; e < 4; ++e) {  // column 4k + e takes block k of u[e], u[4 + e], u[8 + e], u[12 + e]
-    const __m512i x0 = _mm512_shuffle_i32x4(u[e], u[4 + e], 0x44), x1 = _mm512_shuffle_i32x4(u[e], u[4 + e], 0xEE);
-    const __m512i x2 = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], 0x44), x3 = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], 0xEE);
-    r[e] = _mm512_shuffle_i32x4(x0, x2, 0x88);
-    r[4 + e] = _mm512_shuffle_i32x4(x0, x2, 0xDD);
-    r[8 + e] = _mm512_shuffle_i32x4(x1, x3, 0x88);
-    r[12 + e] = _mm512_shuffle_i32x4(x1, x3, 0xDD);
+    const __m512i x0 = _mm512_maskz_shuffle_i32x4(0xFFFF, u[e], u[4 + e], 0x44), x1 = _mm512_maskz_shuffle_i32x4(0xFFFF, u[e], u[4 + e], 0xEE);
+    const __m512i x2 = _mm512_maskz_shuffle_i32x4(0xFFFF, u[8 + e], u[12 + e], 0x44), x3 = _mm512_maskz_shuffle_i32x4(0xFFFF, u[8 + e], u[12 + e], 0xEE);
+    r[e] = _mm512_maskz_shuffle_i32x4(0xFFFF, x0, x2, 0x88);
+    r[4 + e] = _mm512_maskz_shuffle_i32x4(0xFFFF, x0, x2, 0xDD);
+    r[8 + e] = _mm512_maskz_shuffle_i32x4(0xFFFF, x1, x3, 0x88);
+    r[12 + e] = _mm512_maskz_shuffle_i32x4(0xFFFF, x1, x3, 0xDD);
   }
 }
 // 32 bfloat16 values as two float vectors, the even-indexed ones (0, 2, ..) and the odd ones (1, 3, ..): one load
