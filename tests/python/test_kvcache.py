@@ -140,7 +140,10 @@ class Case:
             o32, l32, _, _ = attend(self.q[i], k, v, scale, ftype=np.float32, p_dtype=low, **opts)
             if low is not None:
                 o32 = rounded(o32, low)
-            r = within(out[i], o64, np.abs(o32 - o64), mag, self.dtype)
+            # Standard attention's largest error as the yardstick, as test_numpy / test_torch take it: kernels that
+            # round P to 16 bits before it is normalised (FlashAttention's order, the AMX decode's) err where the
+            # reference's rounding of the normalised P does not, so elementwise the two errors do not track.
+            r = within(out[i], o64, np.abs(o32 - o64).max(initial=0.0), mag, self.dtype)
             assert r <= 1, f"sequence {i}: out error {r:.3g} x the allowance ({self.dtype})"
             if lse is None:
                 continue
