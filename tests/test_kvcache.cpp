@@ -196,6 +196,13 @@ TEST_P(KvCache, MatchesOracleAndAppendsInPlace) {
     EXPECT_GT(report.ran.splits, 1) << report.to_string();
   }
   EXPECT_NE(report.ran.mask.find(kc.page > 0 ? "paged_kvcache+" : "kvcache+"), std::string::npos) << report.to_string();
+  // The report names how the products ran: per row below 16 rows of a KV head (G · Sq), else a matrix product,
+  // on AMX tiles in an AMX set for bf16 with head dims multiples of 32, in float32 otherwise.
+  const std::int64_t rows = kc.v.hq / kc.v.hkv * kc.v.sq;
+  const bool amx = report.ran.isa.find("amx") != std::string::npos && kc.v.dtype == DType::bfloat16 &&
+                   kc.v.d % 32 == 0 && kc.v.dv % 32 == 0;
+  const char* products = rows < 16 ? "products: per-row" : amx ? "products: AMX tiles" : "products: float32 matrix";
+  EXPECT_NE(report.ran.detail.find(products), std::string::npos) << report.to_string();
   expect_var_close(p, var_oracle(p, false), var_standard(p, false), false);
   EXPECT_TRUE(same_contents(cache.k->to_double(), cache.k_after)) << "k_cache";
   EXPECT_TRUE(same_contents(cache.v->to_double(), cache.v_after)) << "v_cache";

@@ -71,7 +71,8 @@ class CpuFlash final : public Backend {
       k.block_q = cpu::kDecodeRows;
       k.block_k = cpu::kDecodeKeys;
       k.splits = d.splits;
-      k.detail += " gqa_rows=" + std::to_string(p.group() * p.seqlen_q) + " splits: " + d.reason();
+      k.detail += " gqa_rows=" + std::to_string(p.group() * p.seqlen_q) + " products: " + d.products(p, ks.amx_decode) +
+                  " splits: " + d.reason();
     }
     return k;
   }

@@ -17,6 +17,14 @@ constexpr int kDecodeRows = 64;
 constexpr int kDecodeKeys = 64;
 // A split gets at least this many keys: below it the merge and the per-task setup cost more than they save.
 constexpr std::int64_t kMinKeysPerSplit = 512;
+// From this many rows of one KV head on in a tile (Sq · G, e.g. speculative decoding), its products run as matrix
+// products (flash_decode.cpp): on AMX tiles in the sets that have them, for bf16 caches whose head dims are
+// multiples of 32 (the tile products' step; decode_on_amx_tiles), else in float32 on the block converted once.
+// Below it, per row: a matrix product would waste most of its rows.
+constexpr int kMatrixRows = 16;
+constexpr bool decode_on_amx_tiles(DType dtype, std::int64_t d, std::int64_t dv) {
+  return dtype == DType::bfloat16 && d % 32 == 0 && dv % 32 == 0;
+}
 
 // The packed rows of one task: `heads` KV heads from hk0 of sequence b, and of each the rows [r0, r0 + per_head)
 // of its G·Sq rows, row rr being token rr / G of query head hk·G + rr % G. Several heads share a tile when their
@@ -47,6 +55,14 @@ struct DecodePlan {
     if (given) return "num_splits as given";
     return "auto: " + std::to_string(tasks) + " (sequence, row tile) tasks for " + std::to_string(threads) +
            " threads, up to " + std::to_string(keys) + " keys";
+  }
+
+  // How the tiles' products run, for the dispatch report (amx: the kernel set has AMX tiles).
+  std::string products(const detail::AttnParams& p, bool amx) const {
+    const std::string matrix = amx && decode_on_amx_tiles(p.dtype, p.hdim, p.hdim_v) ? "AMX tiles" : "float32 matrix";
+    if (rows_per_head < kMatrixRows) return "per-row dot products";
+    const std::int64_t tail = rows_per_head % kDecodeRows;
+    return matrix + (tail > 0 && tail < kMatrixRows ? " (a head's last " + std::to_string(tail) + " rows per row)" : "");
   }
 
   RowTile tile(std::int64_t b, std::int64_t index) const {

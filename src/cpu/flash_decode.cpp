@@ -291,10 +291,9 @@ void softmax_rows(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPolic
   }
 }
 
-// From this many rows of one KV head on (Sq · G, e.g. speculative decoding), a block is converted to float once,
-// Kᵀ and V, and both products run on the forward's register-tiled matrix kernel (tile_ops.h gemm_nn): the
-// per-row dot products above reload and widen each key row once per four rows and pay a horizontal sum per score.
-constexpr int kMatrixRows = 16;
+// From kMatrixRows rows of one KV head on (decode_plan.h), a block is converted to float once, Kᵀ and V, and both
+// products run on the forward's register-tiled matrix kernel (tile_ops.h gemm_nn): the per-row dot products above
+// reload and widen each key row once per four rows and pay a horizontal sum per score.
 
 template <class T>
 void block_rows_gemm(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPolicy& mask, int r_begin, int r_end,
@@ -323,13 +322,12 @@ void block_rows_gemm(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPo
 }
 
 #if defined(FT_AMX)
-// The matrix path on AMX tiles, for bf16 caches whose head dims are multiples of 32 (the tile products' step):
+// The matrix path on AMX tiles, for bf16 caches whose head dims are multiples of 32 (decode_on_amx_tiles):
 // S = Q·Kᵀ on Q's own bits (the softmax scale then multiplies S, as the AMX forward does), P rounded to bf16
 // for P·V, float32 accumulation. The block is packed as the products read it: Kᵀ as pairs of head-dim entries
 // per key ([d / 2][kDecodeKeys][2], a 32-bit transpose of the K rows) and V as pairs of keys per column
 // ([kDecodeKeys / 2][dv][2]), keys n .. n32 zero. A block holding an Inf or NaN value takes the float32 path
 // (block_rows_gemm): a masked key's P = 0 would meet it as 0 · Inf = NaN.
-inline bool amx_applies(int d, int dv) { return d % 32 == 0 && dv % 32 == 0; }
 
 // Packs the block (w.kp / w.vp, n keys); returns whether a V value is Inf or NaN.
 inline bool pack_pairs(DecodeScratch<BFloat16>& w, int n, int d, int dv) {
@@ -416,7 +414,7 @@ void block_rows(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPolicy&
     if (r_end - r_begin >= kMatrixRows) {
 #if defined(FT_AMX)
       if constexpr (std::is_same_v<T, BFloat16>)
-        if (amx_applies(d, dv)) return block_rows_amx(w, t, mask, r_begin, r_end, k0, n, partial, d, dv, scale, ahead);
+        if (decode_on_amx_tiles(DType::bfloat16, d, dv)) return block_rows_amx(w, t, mask, r_begin, r_end, k0, n, partial, d, dv, scale, ahead);
 #endif
       (void)scale;
       return block_rows_gemm(w, t, mask, r_begin, r_end, k0, n, partial, d, dv, ahead);
@@ -475,7 +473,7 @@ void attend_tile(const AttnParams& p, DecodeScratch<T>& w, const RowTile& t, int
     for (int c = 0; c < d; ++c) dst[pairs ? PairOrder::slot(c) : c] = to_float(src[c]) * p.softmax_scale;
 #if defined(FT_AMX)
     if constexpr (std::is_same_v<T, BFloat16>)
-      if (amx_applies(d, dv)) std::memcpy(w.q16.get() + static_cast<std::int64_t>(r) * d, src, sizeof(T) * static_cast<std::size_t>(d));
+      if (decode_on_amx_tiles(p.dtype, d, dv)) std::memcpy(w.q16.get() + static_cast<std::int64_t>(r) * d, src, sizeof(T) * static_cast<std::size_t>(d));
 #endif
     if (split == 0) {  // the sink enters one split only, so that the merge counts it once
       start_row(w.heads[static_cast<std::size_t>(r)], w.m[r], w.l[r]);
@@ -501,7 +499,7 @@ void attend_tile(const AttnParams& p, DecodeScratch<T>& w, const RowTile& t, int
   };
 #if defined(FT_AMX)
   // The tile configuration is per thread, for this tile's products (block_rows_amx).
-  const bool amx_tiles = std::is_same_v<T, BFloat16> && amx_applies(d, dv) && t.per_head >= kMatrixRows;
+  const bool amx_tiles = decode_on_amx_tiles(p.dtype, d, dv) && t.per_head >= kMatrixRows;
   if (amx_tiles) amx::configure();
 #endif
   int half = 0;

@@ -64,7 +64,8 @@ const KernelSet kSets[] = {
     // bf16 inputs on emulated pair products: slower than avx2, for the tests only.
     {"avx2-bf16emu", &avx2_bf16emu::forward, &avx2::backward, &avx2::decode, false},
     // bf16 inputs on emulated AMX tiles: much slower than avx2, for the tests only.
-    {"avx2-amxemu", &avx2_amxemu::forward, &avx2_amxemu::backward, &avx2_amxemu::decode, false, &amx_forward_tiles},
+    {"avx2-amxemu", &avx2_amxemu::forward, &avx2_amxemu::backward, &avx2_amxemu::decode, false, &amx_forward_tiles,
+     true},
     {"avx512", &avx512::forward, &avx512::backward, &avx512::decode},
     // bf16 forward on vdpbf16ps. Not automatic: on the Xeon (Sapphire Rapids class) of the GPU machine,
     // vdpbf16ps peaked at 85 GFLOP/s per core against 171 for float32 FMAs (bench/fma_peak.cpp), and this
@@ -74,7 +75,7 @@ const KernelSet kSets[] = {
     {"avx512-bf16", &avx512_bf16::forward, &avx512::backward, &avx512::decode, false},
     // bf16 forward, backward and many-row decode (speculative decoding) on AMX tiles (tdpbf16ps); float32/float16
     // as avx512.
-    {"avx512-amx", &avx512_amx::forward, &avx512_amx::backward, &avx512_amx::decode, true, &amx_forward_tiles},
+    {"avx512-amx", &avx512_amx::forward, &avx512_amx::backward, &avx512_amx::decode, true, &amx_forward_tiles, true},
 #endif
 };
 

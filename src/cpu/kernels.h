@@ -22,6 +22,7 @@ struct KernelSet {
   TileConfig (*forward_tiles)(std::int64_t hdim, DType dtype) = [](std::int64_t hdim, DType) {
     return tile_config(hdim);
   };
+  bool amx_decode = false;  // its decode runs many-row tiles on AMX tiles (decode_plan.h decode_on_amx_tiles)
 };
 
 // AMX sets: bf16 forwards on amx_tile_config, other dtypes as every set.
