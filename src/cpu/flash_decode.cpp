@@ -32,6 +32,7 @@
 #include "cpu/tile_ops.h"
 #if defined(FT_AMX)
 #include "cpu/amx_tiles.h"
+#include "cpu/pair_pack.h"
 #endif
 
 #ifndef FT_ISA_NS
@@ -333,43 +334,23 @@ void block_rows_gemm(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPo
 inline bool pack_pairs(DecodeScratch<BFloat16>& w, int n, int d, int dv) {
   const int n32 = (n + 31) / 32 * 32;
   auto* kt = reinterpret_cast<std::uint32_t*>(w.ktp.get());  // [d / 2][kDecodeKeys] pairs
+  bool nonfinite = false;
   int j = 0;
 #if FT_SIMD_WIDTH == 16
   for (; j + 16 <= n; j += 16)
-    for (int i0 = 0; i0 < d / 2; i0 += 16) {
-      __m512i r[16];
-      for (int k = 0; k < 16; ++k) r[k] = _mm512_loadu_si512(reinterpret_cast<const std::uint32_t*>(w.kp[j + k]) + i0);
-      simd::transpose16_epi32(r);
-      for (int k = 0; k < 16; ++k) _mm512_storeu_si512(kt + static_cast<std::int64_t>(i0 + k) * kDecodeKeys + j, r[k]);
-    }
+    nonfinite |= pack_keys16(w.kp.get() + j, w.vp.get() + j, d, dv, kt + j, kDecodeKeys,
+                             w.vtp.get() + static_cast<std::int64_t>(j) * dv, 2LL * dv);
 #endif
-  for (; j < n32; ++j)
+  for (int jk = j; jk < n32; ++jk)  // the rest, and zero keys to n32
     for (int i = 0; i < d / 2; ++i) {
       std::uint32_t pair = 0;
-      if (j < n) std::memcpy(&pair, w.kp[j] + 2 * i, sizeof pair);
-      kt[static_cast<std::int64_t>(i) * kDecodeKeys + j] = pair;
+      if (jk < n) std::memcpy(&pair, w.kp[jk] + 2 * i, sizeof pair);
+      kt[static_cast<std::int64_t>(i) * kDecodeKeys + jk] = pair;
     }
-  bool nonfinite = false;
-  int jj = 0;
-#if FT_SIMD_WIDTH == 16
-  const __m512i exp_mask = _mm512_set1_epi16(0x7f80);
-  __mmask32 bad = 0;
-  for (; jj + 2 <= n; jj += 2) {
-    const auto* a = reinterpret_cast<const std::uint16_t*>(w.vp[jj]);
-    const auto* b = reinterpret_cast<const std::uint16_t*>(w.vp[jj + 1]);
-    std::uint16_t* out = w.vtp.get() + static_cast<std::int64_t>(jj) * dv;  // pair row jj / 2
-    for (int c = 0; c < dv; c += 32) {
-      bad |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(_mm512_loadu_si512(a + c), exp_mask), exp_mask) |
-             _mm512_cmpeq_epi16_mask(_mm512_and_si512(_mm512_loadu_si512(b + c), exp_mask), exp_mask);
-      simd::interleave32_epi16(a + c, b + c, out + 2 * c);
-    }
-  }
-  nonfinite = bad != 0;
-#endif
-  for (; jj < n32; jj += 2) {
-    const auto* a = jj < n ? reinterpret_cast<const std::uint16_t*>(w.vp[jj]) : nullptr;
-    const auto* b = jj + 1 < n ? reinterpret_cast<const std::uint16_t*>(w.vp[jj + 1]) : nullptr;
-    std::uint16_t* out = w.vtp.get() + static_cast<std::int64_t>(jj) * dv;  // pair row jj / 2
+  for (; j < n32; j += 2) {
+    const auto* a = j < n ? reinterpret_cast<const std::uint16_t*>(w.vp[j]) : nullptr;
+    const auto* b = j + 1 < n ? reinterpret_cast<const std::uint16_t*>(w.vp[j + 1]) : nullptr;
+    std::uint16_t* out = w.vtp.get() + static_cast<std::int64_t>(j) * dv;  // pair row j / 2
     for (int c = 0; c < dv; ++c) {
       const std::uint16_t x = a != nullptr ? a[c] : 0, y = b != nullptr ? b[c] : 0;
       nonfinite |= (x & 0x7f80u) == 0x7f80u || (y & 0x7f80u) == 0x7f80u;  // exponent all ones
@@ -467,13 +448,16 @@ void attend_tile(const AttnParams& p, DecodeScratch<T>& w, const RowTile& t, int
   const std::int64_t i0 = t.token(0), n_tok = t.token(t.per_head - 1) - i0 + 1;
 
   const bool pairs = PairOrder::applies<T>(d, dv, t.per_head);
+#if defined(FT_AMX)
+  // The tile products' path (block_rows_amx): Q's bits, and the thread's tile configuration for this tile.
+  const bool amx_tiles = decode_on_amx_tiles(p.dtype, d, dv) && t.per_head >= kMatrixRows;
+#endif
   for (int r = 0; r < rows; ++r) {
     float* dst = w.q.get() + static_cast<std::int64_t>(r) * w.ldq;
     const T* src = row_ptr<T>(p.q, p.q_stride, t.b, t.token(r), t.head(r));
     for (int c = 0; c < d; ++c) dst[pairs ? PairOrder::slot(c) : c] = to_float(src[c]) * p.softmax_scale;
 #if defined(FT_AMX)
-    if constexpr (std::is_same_v<T, BFloat16>)
-      if (decode_on_amx_tiles(p.dtype, d, dv)) std::memcpy(w.q16.get() + static_cast<std::int64_t>(r) * d, src, sizeof(T) * static_cast<std::size_t>(d));
+    if (amx_tiles) std::memcpy(w.q16.get() + static_cast<std::int64_t>(r) * d, src, sizeof(T) * static_cast<std::size_t>(d));
 #endif
     if (split == 0) {  // the sink enters one split only, so that the merge counts it once
       start_row(w.heads[static_cast<std::size_t>(r)], w.m[r], w.l[r]);
@@ -498,8 +482,6 @@ void attend_tile(const AttnParams& p, DecodeScratch<T>& w, const RowTile& t, int
     return n;
   };
 #if defined(FT_AMX)
-  // The tile configuration is per thread, for this tile's products (block_rows_amx).
-  const bool amx_tiles = decode_on_amx_tiles(p.dtype, d, dv) && t.per_head >= kMatrixRows;
   if (amx_tiles) amx::configure();
 #endif
   int half = 0;

@@ -29,6 +29,7 @@
 #include "cpu/convert.h"
 #include "cpu/forward_common.h"
 #include "cpu/kernel_common.h"
+#include "cpu/pair_pack.h"
 #include "cpu/score_row.h"
 #include "cpu/tile_config.h"
 
@@ -82,33 +83,6 @@ inline void put_key(PairScratch& w, const BFloat16* ks, const BFloat16* vs, std:
   if (nonfinite) w.v_nonfinite[j / w.align] = true;
 }
 
-#if FT_SIMD_WIDTH == 16
-// put_key for the 16 keys [j0, j0 + 16) (j0 a multiple of 16, d and dv multiples of 32) with AVX-512: a key tile's
-// Kᵀ pairs are the 32-bit transpose of its K rows (simd.h transpose16_epi32, 16 rows x 16 pairs at a time) and
-// a pair row of V interleaves two keys' values (one two-source permute per 32 columns), where put_key moves one
-// element at a time (the bf16 AMX forward spent ~15 % of its time there, one conversion per head).
-inline void put_keys16(PairScratch& w, const BFloat16* const* ks, const BFloat16* const* vs, std::int64_t j0) {
-  auto* kt = reinterpret_cast<std::uint32_t*>(w.kt_tile(j0)) + j0 % w.bk;
-  for (int i0 = 0; i0 < w.d / 2; i0 += 16) {
-    __m512i r[16];
-    for (int k = 0; k < 16; ++k) r[k] = _mm512_loadu_si512(reinterpret_cast<const std::uint32_t*>(ks[k]) + i0);
-    simd::transpose16_epi32(r);
-    for (int k = 0; k < 16; ++k) _mm512_storeu_si512(kt + static_cast<std::int64_t>(i0 + k) * w.bk, r[k]);
-  }
-  const __m512i exp_mask = _mm512_set1_epi16(0x7f80);
-  __mmask32 nonfinite = 0;  // exponent all ones: Inf or NaN
-  for (int m = 0; m < 16; m += 2) {
-    std::uint16_t* vd = w.v_pairs(j0 + m);
-    for (int c = 0; c < w.dv; c += 32) {
-      const __m512i a = _mm512_loadu_si512(vs[m] + c), b = _mm512_loadu_si512(vs[m + 1] + c);
-      nonfinite |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(a, exp_mask), exp_mask) |
-                   _mm512_cmpeq_epi16_mask(_mm512_and_si512(b, exp_mask), exp_mask);
-      simd::interleave32_epi16(vs[m] + c, vs[m + 1] + c, vd + 2 * c);
-    }
-  }
-  if (nonfinite != 0) w.v_nonfinite[j0 / w.align] = true;  // align >= 16: one group holds the 16 keys
-}
-#endif
 
 // Makes keys [k_lo, k_hi) of KV head (b, hk) available in the cache (k_lo: the first key of the query tile's first
 // key tile), zeros up to the next `align` keys past them; the sequence's keys start at row k_row0. v_nonfinite
@@ -140,7 +114,10 @@ inline void cache_keys(const detail::AttnParams& p, PairScratch& w, std::int64_t
           ks[k] = row_ptr<BFloat16>(p.k, p.k_stride, b, k_row0 + j + k, hk);
           vs[k] = row_ptr<BFloat16>(p.v, p.v_stride, b, k_row0 + j + k, hk);
         }
-        put_keys16(w, ks, vs, j);
+        // Kᵀ at column j % bk of its tile, V from pair row j / 2; align >= 16: one group holds the 16 keys.
+        if (pack_keys16(ks, vs, w.d, w.dv, reinterpret_cast<std::uint32_t*>(w.kt_tile(j)) + j % w.bk, w.bk,
+                        w.v_pairs(j), 2LL * w.ldv))
+          w.v_nonfinite[j / w.align] = true;
       }
     }
 #endif

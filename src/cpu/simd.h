@@ -217,13 +217,8 @@ inline void load_bf16_pairs(const std::uint16_t* p, V& even, V& odd) {  // 16 va
 #if FT_SIMD_WIDTH
 constexpr int W = FT_SIMD_WIDTH;
 
-// 2^x, the same polynomial and clamping as exp2_fast() in exp2.h (so every ISA rounds alike):
-// exact 0 for x <= -127, +inf for x >= 128, NaN stays NaN.
-inline V exp2(V x) {
-  // max/min return their second operand for NaN, so a NaN is clamped here and restored at the end.
-  const V xc = min(max(x, set1(-127.0f)), set1(128.0f));
-  const V n = round_nearest(xc);
-  const V f = sub(xc, n);
+// 2^f for f in [-0.5, 0.5]: exp2_fast()'s polynomial (exp2.h), for exp2 and exp2_scalef below.
+inline V exp2_poly(V f) {
   V p = set1(1.535336188319500e-4f);
   p = fma(p, f, set1(1.339887440266574e-3f));
   p = fma(p, f, set1(9.618437357674640e-3f));
@@ -231,7 +226,16 @@ inline V exp2(V x) {
   p = fma(p, f, set1(2.402264791363012e-1f));
   p = fma(p, f, set1(6.931472028550421e-1f));
   p = fma(p, f, set1(1.0f));
-  return keep_nan(mul(p, pow2i(n)), x);
+  return p;
+}
+
+// 2^x, the same polynomial and clamping as exp2_fast() in exp2.h (so every ISA rounds alike):
+// exact 0 for x <= -127, +inf for x >= 128, NaN stays NaN.
+inline V exp2(V x) {
+  // max/min return their second operand for NaN, so a NaN is clamped here and restored at the end.
+  const V xc = min(max(x, set1(-127.0f)), set1(128.0f));
+  const V n = round_nearest(xc);
+  return keep_nan(mul(exp2_poly(sub(xc, n)), pow2i(n)), x);
 }
 
 #if FT_SIMD_WIDTH == 16
@@ -244,15 +248,7 @@ inline V exp2_scalef(V x) {
   const __mmask16 normal = _mm512_cmp_ps_mask(x.v, _mm512_set1_ps(-125.0f), _CMP_NLT_UQ);
   const V xc = {_mm512_min_ps(_mm512_set1_ps(128.0f), _mm512_max_ps(_mm512_set1_ps(-125.0f), x.v))};
   const V n = round_nearest(xc);
-  const V f = sub(xc, n);
-  V p = set1(1.535336188319500e-4f);
-  p = fma(p, f, set1(1.339887440266574e-3f));
-  p = fma(p, f, set1(9.618437357674640e-3f));
-  p = fma(p, f, set1(5.550332471162809e-2f));
-  p = fma(p, f, set1(2.402264791363012e-1f));
-  p = fma(p, f, set1(6.931472028550421e-1f));
-  p = fma(p, f, set1(1.0f));
-  return {_mm512_maskz_scalef_ps(normal, p.v, n.v)};
+  return {_mm512_maskz_scalef_ps(normal, exp2_poly(sub(xc, n)).v, n.v)};
 }
 #endif
 
