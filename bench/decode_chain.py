@@ -11,6 +11,10 @@ the same over its kernels.
 
 A cell is batch:keys:page (Sq = 1; --sq for 16). --only ft|cudnn with --calls N runs N calls of one side without the
 profiler, inside an NVTX range "timed", for ncu (`ncu --nvtx --nvtx-include timed/ ... --only ft`).
+
+--libs A=a.so,B=b.so is an A/B of builds in one process: per cell, every build's chain and cuDNN's in --rounds
+rotated rounds (bench/ab_common.py), the median period and decode-kernel time of each; --splits-sweep 2,4,8 adds
+the first build at those num_splits.
 """
 import argparse
 import os
@@ -23,6 +27,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from ab_common import rotated_rounds  # noqa: E402
 from gpu_bench import FlashTile, find_lib  # noqa: E402
 from gpu_decode import D, FT_FIRST_OPS, HKV, HQ  # noqa: E402
 from gpu_profile import cuda_events  # noqa: E402
@@ -78,6 +83,38 @@ def chain(fn, calls, first):
     return rows, period, span
 
 
+def ab(args):
+    """The --libs A/B: per cell, the median over rounds of each call's period and of its longest kernel."""
+    libs = dict(kv.split("=", 1) for kv in args.libs.split(","))
+    fts = {name: FlashTile(path) for name, path in libs.items()}
+    sweep = [int(x) for x in args.splits_sweep.split(",")] if args.splits_sweep else []
+    ft_first = lambda n: any(f in n for f in FT_FIRST_OPS)
+    for spec in args.cells.split(","):
+        batch, keys, page = (int(x) for x in spec.split(":"))
+        calls, kv_bytes = {}, 0
+        for name, ft in fts.items():
+            ft_call, cudnn_call, kv_bytes = make_cell(ft, batch, keys, page, args.sq, args.splits)
+            calls[name] = (ft_call, ft_first)
+        first = next(iter(fts))
+        for n in sweep:
+            calls[f"{first}/splits={n}"] = (make_cell(fts[first], batch, keys, page, args.sq, n)[0], ft_first)
+        calls["cuDNN"] = (cudnn_call, None)
+
+        def timer(entry):
+            rows, period, _ = chain(entry[0], args.calls, entry[1])
+            return period, max(d for _, _, d in rows)
+        times = rotated_rounds(calls, args.rounds, timer)
+        print(f"cell: Sq={args.sq} batch={batch} keys={keys} page={page or 'contiguous'} (K+V {kv_bytes / 1e6:.0f} MB), "
+              f"{args.rounds} rounds")
+        for name, ts in times.items():
+            period = statistics.median(t[0] for t in ts)
+            kernel = statistics.median(t[1] for t in ts)
+            print(f"  {name:>20}: period {period:8.1f} µs ({kv_bytes / period / 1e3:5.0f} GB/s)  longest kernel "
+                  f"{kernel:8.1f} µs ({kv_bytes / kernel / 1e3:5.0f} GB/s)  periods {' '.join(f'{t[0]:.1f}' for t in ts)}")
+        del calls
+        torch.cuda.empty_cache()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", default=None)
@@ -86,7 +123,12 @@ def main():
     ap.add_argument("--only", choices=["ft", "cudnn"], default=None)
     ap.add_argument("--calls", type=int, default=40)
     ap.add_argument("--splits", type=int, default=0, help="FlashTile's num_splits (0: its own choice)")
+    ap.add_argument("--libs", default=None, help="A/B: name=libflashtile_capi.so,... (see the module doc)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--splits-sweep", default="", help="with --libs: the first build also at these num_splits")
     args = ap.parse_args()
+    if args.libs:
+        return ab(args)
     ft = FlashTile(find_lib(args.lib))
     for spec in args.cells.split(","):
         batch, keys, page = (int(x) for x in spec.split(":"))

@@ -131,7 +131,10 @@ class FlashTile:
             rc = fn(*args)
             if rc != 0:
                 raise RuntimeError(f"ft_forward_kvcache failed ({rc})")
-        call.keep = keep  # the structures the pointers point into live as long as the callable
+        # The structures the pointers point into, and the tensors they point at, live as long as the callable: a
+        # caller that keeps only the callable would otherwise leave it reading memory torch's allocator hands out
+        # again (decode_chain.py's A/B did: the next cell's tensors and cuDNN's workspace overwrote cache_seqlens).
+        call.keep = keep, (q, k_cache, v_cache, out, cache_seqlens, block_table, k_new, v_new, lse)
         return call
 
 

@@ -4,13 +4,15 @@
 // CPU's RowTile packing in src/cpu/decode_plan.h), so every K and V row read from memory serves all of them; 16 or
 // 64 per tile (params.h rows_per_tile).
 // Keys: the split's part of the key tiles the rows see (core/mask.h key_tiles; tiles outside the mask are never
-// loaded), 64 keys per tile, loaded with 16-byte cp.async into a ring of kStages stages (K and V both in flight;
-// a paged cache is gathered 16 rows at a time through core/params.h kv_place() / kv_offsets(), page_size being a
-// multiple of 16, with the block-table reads a tile ahead of the copies).
-// Warps: with 16 rows, each of the four warps takes 16 keys of every tile and keeps its own online softmax
-// (common/softmax.h) and output, so no cross-warp reduction runs in the mainloop; the four are merged at the end
-// as split parts are (core/merge_rule.h). With 64 rows, each warp owns 16 rows and sees the whole tile (the forward
-// kernel's split). Q stays in registers for the whole loop.
+// loaded), 64 keys per tile, loaded with 16-byte cp.async into a ring of kStages stages (K and V both in flight,
+// every stage refilled as soon as its tile is consumed; a paged cache is gathered 16 rows at a time through
+// core/params.h kv_place() / kv_offsets(), page_size being a multiple of 16, with the block-table reads a tile
+// ahead of the copies).
+// Warps: with 16 rows, each of the four warps takes 16 keys of every tile, loads them itself and keeps its own
+// online softmax (common/softmax.h) and output: four independent pipelines, no block barrier and no cross-warp
+// reduction in the mainloop; the four are merged at the end as split parts are (core/merge_rule.h). With 64 rows,
+// each warp owns 16 rows and sees the whole tile (the forward kernel's split), which the CTA loads together. Q
+// stays in registers for the whole loop.
 // Append: the CTAs of (sequence, KV head) write its new rows into the cache between them (append_head), and every
 // CTA reads keys past cache_seqlens[b] from k_new / v_new instead, so the append needs no kernel of its own and no
 // ordering against the reads; the index check (decode/aux.cu) runs before, and a bad verdict stops every CTA
@@ -60,6 +62,15 @@ struct Traits {
   using SmemLayoutBlock = Rows<16>;  // the loader's 16-row block
   using SmemCopyAtom = Copy_Atom<SM75_U32x4_LDSM_N, Element>;
   using SmemCopyAtomT = Copy_Atom<SM75_U16x8_LDSM_T, Element>;
+  // The stage's copiers (decode_kernel): each warp its own 16-key group with 16 rows, the CTA the whole tile with
+  // 64; a copier thread moves one 16-byte chunk of kRowsPerPass rows per pass, kPasses passes per 16-row group.
+  static constexpr bool kWarpCopies = kParts == kBlockN / 16;
+  static_assert(kWarpCopies || kParts == 1);
+  static constexpr int kCopyThreads = kWarpCopies ? 32 : kThreads;
+  static constexpr int kCopyGroups = kWarpCopies ? 1 : kBlockN / 16;
+  static constexpr int kRowsPerPass = kCopyThreads / (kHeadDim / 8);
+  static constexpr int kPasses = 16 / kRowsPerPass;
+  static_assert(kCopyThreads % (kHeadDim / 8) == 0 && 16 % kRowsPerPass == 0);
   static constexpr int kBlockElems = 16 * kHeadDim;
   static constexpr int kStageElems = kBlockN * kHeadDim;
   static constexpr int kSmemQ = kRows * kHeadDim;
@@ -94,6 +105,13 @@ CUTE_DEVICE void append_head(const detail::AttnParams& a, int b, int hk, int ind
                 hk * (is_k ? a.k_stride.head : a.v_stride.head) + e;
     *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
   }
+}
+
+// A barrier among the threads that copy a stage and read it: the warp, or the CTA.
+template <bool kWarp>
+CUTE_DEVICE void sync_copiers() {
+  if constexpr (kWarp) __syncwarp();
+  else __syncthreads();
 }
 
 // Packed row R of KV head hk: its token and query head.
@@ -177,59 +195,78 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   }
   cp_async_fence();
 
-  // Where key tile n's 16-row groups live (kv_place: a paged cache's block-table reads). They are fetched one tile
-  // before the tile's copies are issued, so the gather's dependent load stays out of the copies' latency.
-  constexpr int kGroups = kBlockN / 16;
-  auto place_tile = [&](int n, detail::KvPlace (&at)[kGroups]) {
+  // Who copies what. With 16 rows each warp reads only its own part of every tile (16 keys, one 16-row group), so
+  // it loads that group itself: every warp is its own pipeline, with no block barrier in the mainloop, and the
+  // warps drift apart rather than asking for their tiles at the same moment. With 64 rows every warp reads the
+  // whole tile, and the CTA loads it together.
+  constexpr bool kWarpCopies = Tr::kWarpCopies;
+  constexpr int kCopyGroups = Tr::kCopyGroups, kRowsPerPass = Tr::kRowsPerPass, kPasses = Tr::kPasses;
+  const int copier = kWarpCopies ? tidx % 32 : tidx, group0 = kWarpCopies ? part : 0;
+  // Where the copier's 16-row groups of key tile n live (kv_place: a paged cache's block-table reads). They are
+  // fetched one tile before the tile's copies are issued, so the gather's dependent load stays out of the copies'
+  // latency.
+  auto place_tile = [&](int n, auto& at) {
     CUTE_UNROLL
-    for (int g = 0; g < kGroups; ++g) {
-      const int j0 = n * kBlockN + 16 * g;
-      at[g] = j0 < sk ? detail::kv_place(a, b, j0) : detail::KvPlace{};
+    for (int i = 0; i < kCopyGroups; ++i) {
+      const int j0 = n * kBlockN + 16 * (group0 + i);
+      at[i] = j0 < sk ? detail::kv_place(a, b, j0) : detail::KvPlace{};
     }
   };
-  // K and V of key tile n (its places `at`) into ring stage `stage`, 16-row group by group.
-  // Rows past `fresh` come from k_new / v_new: only the last tiles hold any, so the row test is compiled into
-  // their copy loop alone (kFresh).
-  auto copy_kv = [&](auto fresh_rows, int n, const detail::KvPlace (&at)[kGroups], int stage) {
-    constexpr bool kFresh = decltype(fresh_rows)::value;
-    constexpr int kRowsPerPass = kThreads / kChunks;
-    const int c = tidx % kChunks * 8, rr = tidx / kChunks;
+  // K and V of the copier's groups of key tile n (their places `at`) into ring stage `stage`. A thread copies the
+  // same chunk cc of rows rr + kRowsPerPass · q of each group: its offsets are fixed for the whole loop.
+  // Rows past `fresh` come from k_new / v_new and rows past sk are zero-filled: only the last tiles hold either,
+  // so the row tests are compiled into their copy loop alone (kEdge).
+  const int cc = copier % kChunks * 8, rr = copier / kChunks;
+  const bool k_col = cc < hdim, v_col = cc < hdim_v;
+  const std::int64_t k_off = rr * a.k_stride.row + cc, v_off = rr * a.v_stride.row + cc;
+  int s_off[kPasses];
+  CUTE_UNROLL
+  for (int q = 0; q < kPasses; ++q) s_off[q] = block_layout(q * kRowsPerPass + rr, cc);
+  auto copy_kv = [&](auto edge, int n, const auto& at, int stage) {
+    constexpr bool kEdge = decltype(edge)::value;
     Element* sk_stage = smem_k + stage * Tr::kStageElems;
     Element* sv_stage = smem_v + stage * Tr::kStageElems;
     CUTE_UNROLL
-    for (int g = 0; g < kGroups; ++g) {
-      const int j0 = n * kBlockN + 16 * g;
-      const detail::KvRow base = detail::kv_offsets(a, at[g]);
+    for (int i = 0; i < kCopyGroups; ++i) {
+      const int g = group0 + i;
+      const detail::KvRow base = detail::kv_offsets(a, at[i]);
       CUTE_UNROLL
-      for (int q = 0; q < 16 / kRowsPerPass; ++q) {
-        const int r = q * kRowsPerPass + rr, j = j0 + r;
-        const bool row_ok = j < sk;
-        const int so = g * Tr::kBlockElems + block_layout(r, c);
-        const Element* ks = row_ok ? k_head + base.k + r * a.k_stride.row + c : k_head;
-        const Element* vs = row_ok ? v_head + base.v + r * a.v_stride.row + c : v_head;
-        if (kFresh && row_ok && j >= fresh) {
-          ks = k_fresh + (j - fresh) * a.k_new_stride.row + c;
-          vs = v_fresh + (j - fresh) * a.v_new_stride.row + c;
+      for (int q = 0; q < kPasses; ++q) {
+        const int so = g * Tr::kBlockElems + s_off[q];
+        const Element* ks = k_head + base.k + k_off + q * kRowsPerPass * a.k_stride.row;
+        const Element* vs = v_head + base.v + v_off + q * kRowsPerPass * a.v_stride.row;
+        bool row_ok = true;
+        if constexpr (kEdge) {
+          const int j = n * kBlockN + 16 * g + q * kRowsPerPass + rr;
+          row_ok = j < sk;
+          if (!row_ok) {
+            ks = k_head;
+            vs = v_head;
+          } else if (j >= fresh) {
+            ks = k_fresh + (j - fresh) * a.k_new_stride.row + cc;
+            vs = v_fresh + (j - fresh) * a.v_new_stride.row + cc;
+          }
         }
-        cp_async16(sk_stage + so, ks, row_ok && c < hdim);
-        cp_async16(sv_stage + so, vs, row_ok && c < hdim_v);
+        cp_async16(sk_stage + so, ks, row_ok && k_col);
+        cp_async16(sv_stage + so, vs, row_ok && v_col);
       }
     }
   };
-  auto load_kv = [&](int n, const detail::KvPlace (&at)[kGroups], int stage) {
+  auto load_kv = [&](int n, const auto& at, int stage) {
     if ((n + 1) * kBlockN > fresh) copy_kv(cute::true_type{}, n, at, stage);
     else copy_kv(cute::false_type{}, n, at, stage);
   };
-  detail::KvPlace ahead[kGroups];
+  // All kStages stages in flight from the start; in the loop a stage is refilled as soon as its tile is consumed.
+  detail::KvPlace ahead[kCopyGroups];
   CUTE_UNROLL
-  for (int s = 0; s < kStages - 1; ++s) {
+  for (int s = 0; s < kStages; ++s) {
     if (it_begin + s < it_end) {
       place_tile(it_begin + s, ahead);
       load_kv(it_begin + s, ahead, s);
     }
     cp_async_fence();  // one group per stage, empty or not, so that the wait counts below hold
   }
-  if (it_begin + kStages - 1 < it_end) place_tile(it_begin + kStages - 1, ahead);
+  if (it_begin + kStages < it_end) place_tile(it_begin + kStages, ahead);
 
   typename Tr::TiledMma mma;
   auto thr_mma = mma.get_thread_slice(mma_idx);
@@ -281,7 +318,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   }
 
   // Q into registers once (its cp.async group is the oldest).
-  cp_async_wait<kStages - 1>();
+  cp_async_wait<kStages>();
   __syncthreads();
   {
     auto thr_copy_q = copy_q.get_thread_slice(mma_idx);
@@ -291,15 +328,9 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   }
 
   for (int it = it_begin; it < it_end; ++it) {
-    cp_async_wait<kStages - 2>();
-    __syncthreads();  // tile `it` landed; every warp is done with the stage the next load overwrites
+    cp_async_wait<kStages - 1>();
+    sync_copiers<Tr::kWarpCopies>();  // tile `it` landed, for every thread that reads it
     const int stage = (it - it_begin) % kStages;
-    if (it + kStages - 1 < it_end) {
-      load_kv(it + kStages - 1, ahead, (it + kStages - 1 - it_begin) % kStages);
-      if (it + kStages < it_end) place_tile(it + kStages, ahead);
-    }
-    cp_async_fence();
-
     const int n0 = it * kBlockN, nw = n0 + part * kPartN;
     const int at = stage * Tr::kStageElems + part * kPartN * kD;
     Tensor sK = make_tensor(make_smem_ptr(smem_k + at), typename Tr::SmemLayoutK{});
@@ -329,6 +360,14 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     Tensor rP = convert_to<Element>(acc_s);
     Tensor tOrP = make_tensor(rP.data(), acc_as_a(rP.layout()));
     gemm_rs(acc_o, tOrP, tOrVt, thr_copy_v.partition_S(sVt), mma, copy_v, mma_idx);
+    // The stage is consumed: refill it with tile it + kStages, so that kStages tiles are in flight while the next
+    // one is awaited.
+    if (it + kStages < it_end) {
+      sync_copiers<Tr::kWarpCopies>();  // every reader is done with the stage
+      load_kv(it + kStages, ahead, stage);
+      if (it + kStages + 1 < it_end) place_tile(it + kStages + 1, ahead);
+    }
+    cp_async_fence();
   }
 
   // Epilogue: each part's normalised O and LSE through shared memory (the ring is free after the waits), merged
