@@ -14,7 +14,7 @@ profiler, inside an NVTX range "timed", for ncu (`ncu --nvtx --nvtx-include time
 
 --libs A=a.so,B=b.so is an A/B of builds in one process: per cell, every build's chain and cuDNN's in --rounds
 rotated rounds (bench/ab_common.py), the median period and decode-kernel time of each; --splits-sweep 2,4,8 adds
-the first build at those num_splits.
+the first build at those num_splits. bench/plot_decode_ab.py draws such runs' printed output.
 """
 import argparse
 import os
