@@ -2,9 +2,8 @@
 // AVX2+FMA and an AVX-512 build of the same kernels, plus an AVX-512 build whose bf16 forward runs on
 // AVX512_BF16 dot products; the best one this CPU executes is used unless FLASHTILE_CPU_ISA forces another
 // (tests force each path in turn). A further AVX-512 build runs bf16 forwards and backwards on AMX tiles where
-// the CPU has AMX-BF16 and the kernel grants the tile state. Three sets are never chosen by themselves: avx2-bf16emu and
-// avx2-amxemu (test-only emulations) and avx512-bf16, which lost to avx512 on the one AVX512_BF16 CPU
-// measured (see kSets).
+// the CPU has AMX-BF16 and the kernel grants the tile state. avx2-bf16emu and avx2-amxemu (test-only emulations)
+// are never chosen by themselves; avx512-bf16 only on CPUs without AMX-BF16 (see kSets and bf16_dots_pay).
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -39,6 +38,18 @@ bool amx_granted() {
 #endif
 }
 
+// Whether vdpbf16ps beats float32 FMAs on converted tiles: where measured, it ran at twice their rate on a CPU
+// without AMX (Zen 4 class) and at half on the one with AMX-BF16 (Sapphire Rapids class), whose AMX set is the
+// bf16 path anyway (kSets' avx512-bf16 entry has the figures). Without AMX permission that CPU keeps avx512.
+bool bf16_dots_pay() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  return !__builtin_cpu_supports("amx-bf16");
+#else
+  return false;
+#endif
+}
+
 bool cpu_has(std::string_view isa) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
@@ -67,12 +78,14 @@ const KernelSet kSets[] = {
     {"avx2-amxemu", &avx2_amxemu::forward, &avx2_amxemu::backward, &avx2_amxemu::decode, false, &amx_forward_tiles,
      true},
     {"avx512", &avx512::forward, &avx512::backward, &avx512::decode},
-    // bf16 forward on vdpbf16ps. Not automatic: on the Xeon (Sapphire Rapids class) of the GPU machine,
-    // vdpbf16ps peaked at 85 GFLOP/s per core against 171 for float32 FMAs (bench/fma_peak.cpp), and this
-    // set's bf16 forward ran at 81-93 GFLOP/s on 2 cores where the float32 kernels ran at 156-161 on float32
-    // inputs (bench/results/cpu.md). Without it, bf16 inputs take avx512's float32 kernels on tiles
-    // converted once per head. FLASHTILE_CPU_ISA=avx512-bf16 selects it.
-    {"avx512-bf16", &avx512_bf16::forward, &avx512::backward, &avx512::decode, false},
+    // bf16 forward on vdpbf16ps. Automatic only on CPUs without AMX-BF16 (bf16_dots_pay): on the Xeon
+    // (Sapphire Rapids class) of the GPU machine vdpbf16ps peaked at 85 GFLOP/s per core against 171 for
+    // float32 FMAs (bench/fma_peak.cpp) and this set's bf16 forward ran at half the float32 kernels' speed
+    // (bench/results/cpu.md); on the AMD EPYC (Zen 4 class, no AMX) of 2026-12-02 vdpbf16ps peaked at 227
+    // against 113 and the forward ran 1.8-2.1x the float32 kernels on converted tiles, 304-325 GFLOP/s on 2
+    // cores (bench/results/cpu_epyc_1202.md). Elsewhere bf16 inputs take avx512's float32 kernels on tiles
+    // converted once per head; FLASHTILE_CPU_ISA=avx512-bf16 selects it.
+    {"avx512-bf16", &avx512_bf16::forward, &avx512::backward, &avx512::decode, true},
     // bf16 forward, backward and many-row decode (speculative decoding) on AMX tiles (tdpbf16ps); float32/float16
     // as avx512.
     {"avx512-amx", &avx512_amx::forward, &avx512_amx::backward, &avx512_amx::decode, true, &amx_forward_tiles, true},
@@ -103,7 +116,7 @@ const KernelSet& select_kernels() {
   }
   const KernelSet* best = &kSets[0];
   for (const KernelSet& k : kSets)
-    if (k.automatic && cpu_has(k.isa)) best = &k;
+    if (k.automatic && cpu_has(k.isa) && (k.isa != "avx512-bf16" || bf16_dots_pay())) best = &k;
   return *best;
 }
 
