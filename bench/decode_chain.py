@@ -33,7 +33,8 @@ from gpu_decode import D, FT_FIRST_OPS, HKV, HQ  # noqa: E402
 from gpu_profile import cuda_events  # noqa: E402
 
 
-def make_cell(ft, batch, keys, page, sq, splits=0):
+def make_cell(ft, batch, keys, page, sq, splits=0, peer=True):
+    """FlashTile's call on a fresh cell, cuDNN's on its contiguous twin (None without `peer`), and K+V bytes."""
     g = torch.Generator(device="cuda").manual_seed(keys + 7 * batch + sq)
     bf = dict(device="cuda", dtype=torch.bfloat16, generator=g)
     q = torch.randn(batch, sq, HQ, D, **bf)
@@ -50,6 +51,9 @@ def make_cell(ft, batch, keys, page, sq, splits=0):
     ft_call = ft.kvcache_call(q, k, v, out, cache_seqlens=lens, block_table=table, k_new=k_new, v_new=v_new,
                               num_splits=splits, causal=True, backend="cuda-sm80", strict=True,
                               async_index_check=True)
+    kv_bytes = batch * keys * HKV * 2 * D * 2
+    if not peer:
+        return ft_call, None, kv_bytes
     kc = torch.randn(batch, keys, HKV, D, **bf) if page else k  # cuDNN has no paged form: the contiguous twin
     vc = torch.randn(batch, keys, HKV, D, **bf) if page else v
     qt, kt, vt = q.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2)
@@ -57,7 +61,7 @@ def make_cell(ft, batch, keys, page, sq, splits=0):
     def cudnn_call():
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
-    return ft_call, cudnn_call, batch * keys * HKV * 2 * D * 2
+    return ft_call, cudnn_call, kv_bytes
 
 
 def chain(fn, calls, first):
@@ -91,13 +95,14 @@ def ab(args):
     ft_first = lambda n: any(f in n for f in FT_FIRST_OPS)
     for spec in args.cells.split(","):
         batch, keys, page = (int(x) for x in spec.split(":"))
-        calls, kv_bytes = {}, 0
-        for name, ft in fts.items():
-            ft_call, cudnn_call, kv_bytes = make_cell(ft, batch, keys, page, args.sq, args.splits)
-            calls[name] = (ft_call, ft_first)
         first = next(iter(fts))
+        ft_call, cudnn_call, kv_bytes = make_cell(fts[first], batch, keys, page, args.sq, args.splits)
+        calls = {first: (ft_call, ft_first)}
+        for name, ft in list(fts.items())[1:]:  # one cuDNN twin per cell, not one per build
+            calls[name] = (make_cell(ft, batch, keys, page, args.sq, args.splits, peer=False)[0], ft_first)
         for n in sweep:
-            calls[f"{first}/splits={n}"] = (make_cell(fts[first], batch, keys, page, args.sq, n)[0], ft_first)
+            calls[f"{first}/splits={n}"] = (make_cell(fts[first], batch, keys, page, args.sq, n, peer=False)[0],
+                                            ft_first)
         calls["cuDNN"] = (cudnn_call, None)
 
         def timer(entry):

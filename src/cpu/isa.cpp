@@ -50,6 +50,9 @@ bool bf16_dots_pay() {
 #endif
 }
 
+bool never() { return false; }
+bool always() { return true; }
+
 bool cpu_has(std::string_view isa) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
@@ -73,9 +76,9 @@ const KernelSet kSets[] = {
 #if FLASHTILE_CPU_X86_ISAS
     {"avx2", &avx2::forward, &avx2::backward, &avx2::decode},
     // bf16 inputs on emulated pair products: slower than avx2, for the tests only.
-    {"avx2-bf16emu", &avx2_bf16emu::forward, &avx2::backward, &avx2::decode, false},
+    {"avx2-bf16emu", &avx2_bf16emu::forward, &avx2::backward, &avx2::decode, &never},
     // bf16 inputs on emulated AMX tiles: much slower than avx2, for the tests only.
-    {"avx2-amxemu", &avx2_amxemu::forward, &avx2_amxemu::backward, &avx2_amxemu::decode, false, &amx_forward_tiles,
+    {"avx2-amxemu", &avx2_amxemu::forward, &avx2_amxemu::backward, &avx2_amxemu::decode, &never, &amx_forward_tiles,
      true},
     {"avx512", &avx512::forward, &avx512::backward, &avx512::decode},
     // bf16 forward on vdpbf16ps. Automatic only on CPUs without AMX-BF16 (bf16_dots_pay): on the Xeon
@@ -85,10 +88,11 @@ const KernelSet kSets[] = {
     // against 113 and the forward ran 1.8-2.1x the float32 kernels on converted tiles, 304-325 GFLOP/s on 2
     // cores (bench/results/cpu_epyc_1202.md). Elsewhere bf16 inputs take avx512's float32 kernels on tiles
     // converted once per head; FLASHTILE_CPU_ISA=avx512-bf16 selects it.
-    {"avx512-bf16", &avx512_bf16::forward, &avx512::backward, &avx512::decode, true},
+    {"avx512-bf16", &avx512_bf16::forward, &avx512::backward, &avx512::decode, &bf16_dots_pay},
     // bf16 forward, backward and many-row decode (speculative decoding) on AMX tiles (tdpbf16ps); float32/float16
     // as avx512.
-    {"avx512-amx", &avx512_amx::forward, &avx512_amx::backward, &avx512_amx::decode, true, &amx_forward_tiles, true},
+    {"avx512-amx", &avx512_amx::forward, &avx512_amx::backward, &avx512_amx::decode, &always, &amx_forward_tiles,
+     true},
 #endif
 };
 
@@ -116,7 +120,7 @@ const KernelSet& select_kernels() {
   }
   const KernelSet* best = &kSets[0];
   for (const KernelSet& k : kSets)
-    if (k.automatic && cpu_has(k.isa) && (k.isa != "avx512-bf16" || bf16_dots_pay())) best = &k;
+    if (cpu_has(k.isa) && k.chosen_by_itself()) best = &k;
   return *best;
 }
 

@@ -17,7 +17,9 @@ struct KernelSet {
   void (*forward)(const detail::AttnParams&, TileConfig, int threads);
   void (*backward)(const detail::AttnParams&, TileConfig, int threads);
   void (*decode)(const detail::AttnParams&, const DecodePlan&, int threads);  // forward_kvcache
-  bool automatic = true;  // false: only when FLASHTILE_CPU_ISA names it (a test path)
+  // Whether the dispatch may pick it by itself on a CPU that executes it; never: only when FLASHTILE_CPU_ISA names
+  // it (a test path, or a set that loses where measured).
+  bool (*chosen_by_itself)() = [] { return true; };
   // Forward tile sizes for a head dim and dtype (tile_config.h); the backward's are backward_tile_config.
   TileConfig (*forward_tiles)(std::int64_t hdim, DType dtype) = [](std::int64_t hdim, DType) {
     return tile_config(hdim);

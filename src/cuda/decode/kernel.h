@@ -63,14 +63,16 @@ struct Traits {
   using SmemCopyAtom = Copy_Atom<SM75_U32x4_LDSM_N, Element>;
   using SmemCopyAtomT = Copy_Atom<SM75_U16x8_LDSM_T, Element>;
   // The stage's copiers (decode_kernel): each warp its own 16-key group with 16 rows, the CTA the whole tile with
-  // 64; a copier thread moves one 16-byte chunk of kRowsPerPass rows per pass, kPasses passes per 16-row group.
+  // 64; a copier thread moves one 16-byte chunk (of kChunks per row) of kRowsPerPass rows per pass, kPasses passes
+  // per 16-row group.
+  static constexpr int kChunks = kHeadDim / 8;
   static constexpr bool kWarpCopies = kParts == kBlockN / 16;
   static_assert(kWarpCopies || kParts == 1);
   static constexpr int kCopyThreads = kWarpCopies ? 32 : kThreads;
   static constexpr int kCopyGroups = kWarpCopies ? 1 : kBlockN / 16;
-  static constexpr int kRowsPerPass = kCopyThreads / (kHeadDim / 8);
+  static constexpr int kRowsPerPass = kCopyThreads / kChunks;
   static constexpr int kPasses = 16 / kRowsPerPass;
-  static_assert(kCopyThreads % (kHeadDim / 8) == 0 && 16 % kRowsPerPass == 0);
+  static_assert(kCopyThreads % kChunks == 0 && 16 % kRowsPerPass == 0);
   static constexpr int kBlockElems = 16 * kHeadDim;
   static constexpr int kStageElems = kBlockN * kHeadDim;
   static constexpr int kSmemQ = kRows * kHeadDim;
@@ -182,7 +184,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   const typename Tr::SmemLayoutBlock block_layout{};
 
   // Q: the tile's packed rows (zero past the last row and past hdim).
-  constexpr int kChunks = kD / 8;  // 16-byte chunks per row
+  constexpr int kChunks = Tr::kChunks;  // 16-byte chunks per row
   for (int i = tidx; i < kTileRows * kChunks; i += kThreads) {
     const int r = i / kChunks, c = i % kChunks * 8;
     const bool ok = r < nrows && c < hdim;
@@ -329,7 +331,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
 
   for (int it = it_begin; it < it_end; ++it) {
     cp_async_wait<kStages - 1>();
-    sync_copiers<Tr::kWarpCopies>();  // tile `it` landed, for every thread that reads it
+    sync_copiers<kWarpCopies>();  // tile `it` landed, for every thread that reads it
     const int stage = (it - it_begin) % kStages;
     const int n0 = it * kBlockN, nw = n0 + part * kPartN;
     const int at = stage * Tr::kStageElems + part * kPartN * kD;
@@ -363,7 +365,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     // The stage is consumed: refill it with tile it + kStages, so that kStages tiles are in flight while the next
     // one is awaited.
     if (it + kStages < it_end) {
-      sync_copiers<Tr::kWarpCopies>();  // every reader is done with the stage
+      sync_copiers<kWarpCopies>();  // every reader is done with the stage
       load_kv(it + kStages, ahead, stage);
       if (it + kStages + 1 < it_end) place_tile(it + kStages + 1, ahead);
     }
