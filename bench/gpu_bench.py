@@ -3,9 +3,13 @@
 
 Shapes (issue 4): bf16, 16k tokens in total (batch = 16384 // seqlen), d_model 2048 (heads = 2048 // hdim),
 hdim 64/128/256, seqlen 512..32k, causal and not, forward and backward. Timing: CUDA events around each
-call, warm-up first, median of --reps (>= 20) calls. TFLOP/s: forward 4*B*H*S^2*D (halved when causal),
-backward 2.5x forward. FlashTile is called through libflashtile_capi.so (ctypes, C ABI over the public
-API; see src/capi/capi.cpp) on the same torch tensors the peers read.
+call, synchronised after it (the call's host work counts), warm-up first, median of --reps (>= 20) calls, the
+libraries interleaved: one call of each per round, in a random order drawn per round. TFLOP/s: forward 4*B*H*S^2*D (halved when causal),
+backward 2.5x forward. FlashTile is called as its users call it from Python, through the package's torch op
+(flashtile.flash_attn_func, backward by torch.autograd.grad as for SDPA), on the same torch tensors the peers read;
+`--door capi` (or a machine without the package) calls the C ABI through ctypes instead (libflashtile_capi.so,
+src/capi/capi.cpp: tensor structures built per call in Python, the dispatch report formatted per call). The C ABI
+also gives each cell's dispatch report (the kernel names in the JSON).
 
     python3 bench/gpu_bench.py --lib build/gpu/src/libflashtile_capi.so --json out.json --md out.md
 
@@ -23,6 +27,9 @@ import sys
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ab_common import sdpa_peer  # noqa: E402
 
 
 class FtTensor(ctypes.Structure):
@@ -150,6 +157,12 @@ def find_lib(arg):
 
 
 def time_ms(fn, reps, warmup=5):
+    return statistics.median(call_times_ms(fn, reps, warmup))
+
+
+def call_times_ms(fn, reps, warmup=5):
+    """reps per-call times (ms): CUDA events around each call, synchronised after it, so that the host work of the
+    call (argument checks, dispatch, launches) counts as it does for a caller that waits for its result."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -161,14 +174,58 @@ def time_ms(fn, reps, warmup=5):
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    return times
+
+
+def interleaved_median_ms(calls, reps, seed, warmup=3):
+    """{name: median ms of reps calls}: every library warmed up, then reps rounds of one timed call each, the
+    libraries in a random order drawn per round. Each library's calls then follow every other library's alike:
+    in a fixed or rotated order one library always follows the same one (cuDNN after the slow efficient kernel),
+    and the GPU's clock and power state, which the preceding work sets, would favour some libraries over others."""
+    import random
+    rng = random.Random(seed)
+    names = list(calls)
+    for n in names:
+        for _ in range(warmup):
+            calls[n]()
+    torch.cuda.synchronize()
+    times = {n: [] for n in names}
+    for _ in range(reps):
+        rng.shuffle(names)
+        for n in names:
+            times[n].append(call_times_ms(calls[n], 1, warmup=0)[0])
+    return {n: statistics.median(t) for n, t in times.items()}
 
 
 PEERS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
          "cudnn": SDPBackend.CUDNN_ATTENTION}
 
 
-def bench_cell(ft, hdim, seqlen, causal, reps, deterministic=False, tokens=16384, d_model=2048):
+def flashtile_package():
+    """The flashtile Python package (its torch op), or None where it is not importable."""
+    try:
+        import flashtile
+        return flashtile
+    except ImportError:
+        return None
+
+
+def ft_calls(ft, pkg, q, k, v, out, lse, dout, dq, dk, dv, causal, backend, deterministic=False):
+    """(forward, backward) zero-argument calls of FlashTile on `backend`. With the package (door "torch"): its torch
+    op flash_attn_func and torch.autograd.grad, as the SDPA peers are called; without (door "capi"): the C ABI
+    through ctypes, arguments converted per call."""
+    if pkg is None:
+        return (lambda: ft.forward(q, k, v, out, lse, causal=causal, backend=backend),
+                lambda: ft.backward(q, k, v, out, dout, lse, dq, dk, dv, causal=causal, backend=backend,
+                                    deterministic=deterministic))
+    kw = dict(causal=causal, backend=backend, strict=True, deterministic=deterministic)
+    qg, kg, vg = (x.detach().requires_grad_(True) for x in (q, k, v))
+    o = pkg.flash_attn_func(qg, kg, vg, **kw)
+    return (lambda: pkg.flash_attn_func(q, k, v, **kw),
+            lambda: torch.autograd.grad(o, (qg, kg, vg), dout, retain_graph=True))
+
+
+def bench_cell(ft, hdim, seqlen, causal, reps, deterministic=False, tokens=16384, d_model=2048, pkg=None):
     b, h = max(1, tokens // seqlen), d_model // hdim
     dev = "cuda"
     g = torch.Generator(device=dev).manual_seed(seqlen * 1000 + hdim + causal)
@@ -178,52 +235,42 @@ def bench_cell(ft, hdim, seqlen, causal, reps, deterministic=False, tokens=16384
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     fwd_flops = 4.0 * b * h * seqlen * seqlen * hdim / (2 if causal else 1)
     res = {"hdim": hdim, "seqlen": seqlen, "batch": b, "heads": h, "causal": causal}
-    # FlashTile
-    ft.forward(q, k, v, out, lse, causal=causal)
-    res["kernel_fwd"] = ft.forward(q, k, v, out, lse, causal=causal).split("\n")[0]
-    t = time_ms(lambda: ft.forward(q, k, v, out, lse, causal=causal), reps)
-    res["flashtile_fwd_ms"] = t
-    res["kernel_bwd"] = ft.backward(q, k, v, out, dout, lse, dq, dk, dv, causal=causal).split("\n")[0]
-    t = time_ms(lambda: ft.backward(q, k, v, out, dout, lse, dq, dk, dv, causal=causal), reps)
-    res["flashtile_bwd_ms"] = t
-    # cuda-sm90 (Hopper): the same call by name, when it can run here.
-    try:
-        res["kernel_sm90_fwd"] = ft.forward(q, k, v, out, lse, causal=causal, backend="cuda-sm90").split("\n")[0]
-        res["sm90_fwd_ms"] = time_ms(lambda: ft.forward(q, k, v, out, lse, causal=causal, backend="cuda-sm90"), reps)
-    except RuntimeError as e:
-        res["sm90_error"] = str(e).split("\n")[0][:200]
-    try:
-        bwd90 = lambda: ft.backward(q, k, v, out, dout, lse, dq, dk, dv, causal=causal, backend="cuda-sm90")
-        res["kernel_sm90_bwd"] = bwd90().split("\n")[0]
-        res["sm90_bwd_ms"] = time_ms(bwd90, reps)
-    except RuntimeError as e:
-        res["sm90_bwd_error"] = str(e).split("\n")[0][:200]
-    if deterministic:  # the cost of Options::deterministic (dQ added in key-block order), on both backends
-        res["flashtile_det_bwd_ms"] = time_ms(
-            lambda: ft.backward(q, k, v, out, dout, lse, dq, dk, dv, causal=causal, deterministic=True), reps)
-        if "sm90_bwd_ms" in res:
-            res["sm90_det_bwd_ms"] = time_ms(lambda: ft.backward(q, k, v, out, dout, lse, dq, dk, dv, causal=causal,
-                                                                 deterministic=True, backend="cuda-sm90"), reps)
+    fwd, bwd = {}, {}
+    # FlashTile on each CUDA backend by name (strict: a refusal is reported, not timed on another backend); the
+    # dispatch report's first line names the kernel.
+    for key, backend in (("flashtile", "cuda-sm80"), ("sm90", "cuda-sm90")):
+        err = "sm90_error" if key == "sm90" else "flashtile_error"
+        try:
+            res[f"kernel_{key}_fwd"] = ft.forward(q, k, v, out, lse, causal=causal, backend=backend).split("\n")[0]
+            res[f"kernel_{key}_bwd"] = ft.backward(q, k, v, out, dout, lse, dq, dk, dv, causal=causal,
+                                                   backend=backend).split("\n")[0]
+            fwd[key], bwd[key] = ft_calls(ft, pkg, q, k, v, out, lse, dout, dq, dk, dv, causal, backend)
+            if pkg is not None and key == "sm90":  # the same kernels through ctypes, for the door's share (JSON only)
+                fwd["sm90capi"], bwd["sm90capi"] = ft_calls(ft, None, q, k, v, out, lse, dout, dq, dk, dv, causal,
+                                                            backend)
+            if deterministic:  # the cost of Options::deterministic (dQ added in key-block order)
+                bwd[key.replace("flashtile", "flashtile_det").replace("sm90", "sm90_det")] = ft_calls(
+                    ft, pkg, q, k, v, out, lse, dout, dq, dk, dv, causal, backend, deterministic=True)[1]
+        except RuntimeError as e:
+            res[err] = str(e).split("\n")[0][:200]
     # Peers on the same data, torch layout (B, H, S, D) as views.
     qt, kt, vt, dot = (x.transpose(1, 2) for x in (q, k, v, dout))
     for name, backend in PEERS.items():
         try:
-            with sdpa_kernel(backend):
-                qg, kg, vg = (x.detach().requires_grad_(True) for x in (qt, kt, vt))
-                t = time_ms(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal), reps)
-                res[f"{name}_fwd_ms"] = t
-                o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
-                t = time_ms(lambda: torch.autograd.grad(o, (qg, kg, vg), dot, retain_graph=True), reps)
-                res[f"{name}_bwd_ms"] = t
-                del o, qg, kg, vg
+            f, bk = sdpa_peer(backend, qt, kt, vt, dot, causal, "fwd"), sdpa_peer(backend, qt, kt, vt, dot, causal, "bwd")
+            f(), bk()  # a peer that cannot run this shape raises here
+            fwd[name], bwd[name] = f, bk
         except Exception as e:  # a peer that cannot run this shape is reported, not fatal
             res[f"{name}_error"] = str(e).split("\n")[0][:200]
+    for direction, calls in (("fwd", fwd), ("bwd", bwd)):
+        for name, ms in interleaved_median_ms(calls, reps, seed=seqlen * 1000 + hdim + causal).items():
+            res[f"{name}_{direction}_ms"] = ms
     for key in list(res):
         if key.endswith("_fwd_ms"):
             res[key.replace("_ms", "_tflops")] = fwd_flops / (res[key] * 1e-3) / 1e12
         elif key.endswith("_bwd_ms"):
             res[key.replace("_ms", "_tflops")] = 2.5 * fwd_flops / (res[key] * 1e-3) / 1e12
-    del q, k, v, dout, out, lse, dq, dk, dv
+    del fwd, bwd, q, k, v, dout, out, lse, dq, dk, dv
     torch.cuda.empty_cache()
     return res
 
@@ -232,8 +279,12 @@ def markdown(meta, rows):
     lines = [f"# FlashTile (cuda-sm80, cuda-sm90) vs PyTorch SDPA on {meta['gpu']}", "",
              f"- date: {meta['date']}", f"- GPU: {meta['gpu']} (torch built for CUDA {meta['cuda']})",
              f"- torch {meta['torch']}, cuDNN {meta['cudnn']}", f"- command: `{meta['command']}`",
-             f"- bf16, 16k tokens (batch = 16384 / seqlen), d_model 2048 (heads = 2048 / hdim); CUDA events, "
-             f"{meta['warmup']} warm-up calls, median of {meta['reps']}; TFLOP/s: fwd 4·B·H·S²·D (halved causal), "
+             f"- FlashTile called through: {meta.get('door', 'C ABI through ctypes')}",
+             f"- bf16, 16k tokens (batch = 16384 / seqlen), d_model 2048 (heads = 2048 / hdim); CUDA events around "
+             f"each call, synchronised after it, {meta['warmup']} warm-up calls, median of {meta['reps']}"
+             + (", interleaved: one call of each library per round, in an order drawn at random per round"
+                if meta.get("order") == "interleaved" else "")
+             + "; TFLOP/s: fwd 4·B·H·S²·D (halved causal), "
              "bwd 2.5× fwd; ratio = FlashTile TFLOP/s (the faster of its two backends) ÷ peer TFLOP/s", ""]
     for direction in ("fwd", "bwd"):
         lines += [f"## {'Forward' if direction == 'fwd' else 'Backward'}", "",
@@ -273,13 +324,18 @@ def main():
     ap.add_argument("--hdims", default="128,64,256")
     ap.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384,32768")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--door", choices=("torch", "capi"), default="torch",
+                    help="how FlashTile is called: its torch op (falls back to capi without the package) or ctypes")
     ap.add_argument("--deterministic", action="store_true", help="also time the deterministic backward")
     ap.add_argument("--json", default=None)
     ap.add_argument("--md", default=None)
     args = ap.parse_args()
     assert args.reps >= 20, "median of at least 20 calls"
     ft = FlashTile(find_lib(args.lib))
-    meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    pkg = flashtile_package() if args.door == "torch" else None
+    door = (f"torch op flashtile.flash_attn_func ({pkg.torch_extension()})" if pkg is not None
+            else "C ABI through ctypes (arguments converted per call)")
+    meta = {"door": door, "order": "interleaved", "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "gpu": torch.cuda.get_device_name(), "cuda": torch.version.cuda, "torch": torch.__version__,
             "cudnn": str(torch.backends.cudnn.version()), "reps": args.reps, "warmup": 5,
             "command": "python3 bench/gpu_bench.py " + " ".join(sys.argv[1:])}
@@ -287,7 +343,7 @@ def main():
     for hdim in (int(x) for x in args.hdims.split(",")):
         for seqlen in (int(x) for x in args.seqlens.split(",")):
             for causal in (False, True):
-                r = bench_cell(ft, hdim, seqlen, causal, args.reps, args.deterministic)
+                r = bench_cell(ft, hdim, seqlen, causal, args.reps, args.deterministic, pkg=pkg)
                 rows.append(r)
                 print(f"hdim {hdim:3d} seqlen {seqlen:5d} causal {int(causal)}: "
                       + " ".join(f"{k[:-7]}={r[k]:.0f}" for k in r if k.endswith("_tflops")), flush=True)

@@ -24,6 +24,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 STYLE = {
     "flashtile": ("FlashTile", "C0", "-"),
     "sm90": ("FlashTile cuda-sm90", "C4", "-"),
+    "sm90capi": ("FlashTile cuda-sm90, C ABI via ctypes", "C4", "--"),
     "flashtile_det": ("FlashTile deterministic", "C0", ":"),
     "sm90_det": ("FlashTile cuda-sm90 deterministic", "C4", ":"),
     "torch_flash": ("torch SDPA, CPU flash kernel", "C1", "-"),

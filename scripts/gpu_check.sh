@@ -8,7 +8,9 @@
 #   FT_ARCHS=90            SASS architectures (FLASHTILE_CUDA_ARCHS); the H200 needs 90 only
 #   FT_KERNELS=all         FLASHTILE_CUDA_KERNELS subset, e.g. "hdim64;hdim128"
 #   FT_BUILD=build/gpu     build directory
-#   FT_PYTHON=auto         build + pip install the Python package (auto: when python/ and pyproject.toml exist)
+#   FT_PYTHON=auto         build + pip install the Python package (auto: when python/ and pyproject.toml exist);
+#                          build: the package's modules from the C++ build's own objects (no second compile of the
+#                          kernels), staged in $BUILD/pkg and put on PYTHONPATH
 #   FT_PY_KERNELS          the package's kernel subset (default: FT_KERNELS); step `pytest` runs tests/python
 #   FT_STEPS="tests parity sanitize bench"   which steps to run (also: pytest, variants, profile, breakdown, cpu,
 #                          decode, pipes, cp, cpbench, cptrace)
@@ -71,13 +73,19 @@ fi
 # The C++ build (library, C ABI, GPU tests) is skipped when only the Python package's steps run (e.g. "cp cpbench").
 NEEDS_CPP=0
 for s in tests parity sanitize bench profile breakdown decode pipes; do has_step $s && NEEDS_CPP=1; done
+PY=${FT_PYTHON:-auto}
+if [[ $PY == auto ]]; then PY=$([[ -d python && -f pyproject.toml ]] && echo 1 || echo 0); fi
+[[ $PY == build ]] && NEEDS_CPP=1
 if (( NEEDS_CPP )); then
 t0=$(date +%s)
+[[ $PY == build ]] && CMAKE_EXTRA+=("-DFLASHTILE_BUILD_PYTHON=ON" "-DPython_EXECUTABLE=$(command -v python3)")
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHTILE_WITH_CUDA=ON \
   -DFLASHTILE_CUDA_ARCHS="$ARCHS" -DFLASHTILE_CUDA_PTX=OFF -DFLASHTILE_CUDA_KERNELS="$KERNELS" \
   -DFLASHTILE_BUILD_APPS=OFF -DFLASHTILE_WERROR=OFF "${CMAKE_EXTRA[@]}" > "$OUT/build.log" 2>&1 \
   || { tail -30 "$OUT/build.log"; note "BUILD: cmake failed"; exit 1; }
 TARGETS=(flashtile_capi)
+[[ $PY == build ]] && TARGETS+=(_core) && { ninja -C "$BUILD" -t targets all | grep '^_torch_ext:' > /dev/null \
+  && TARGETS+=(_torch_ext); }
 # grep reads the whole list (grep -q stops at the match; under pipefail ninja's SIGPIPE then failed the test).
 if ninja -C "$BUILD" -t targets all 2>/dev/null | grep '^flashtile_gpu_tests:' > /dev/null; then TARGETS+=(flashtile_gpu_tests); fi
 ninja -C "$BUILD" -j "$JOBS" "${TARGETS[@]}" >> "$OUT/build.log" 2>&1 \
@@ -95,9 +103,13 @@ grep -h "spill" "$OUT/build.log" | sed "s/.*function //" | sort -u > "$BUILD/spi
 note "BUILD: ok in $(( $(date +%s) - t0 )) s ($(grep -c 'Building CUDA' "$OUT/build.log") CUDA objects); spilling kernels: $(wc -l < "$BUILD/spills.txt")"; sed "s/^/  spill: /" "$BUILD/spills.txt" | tee -a "$SUMMARY"
 fi
 
-PY=${FT_PYTHON:-auto}
-if [[ $PY == auto ]]; then PY=$([[ -d python && -f pyproject.toml ]] && echo 1 || echo 0); fi
-if [[ $PY == 1 ]]; then
+if [[ $PY == build ]]; then  # the package's sources with the modules just built: what pip would install
+  rm -rf "$BUILD/pkg" && mkdir -p "$BUILD/pkg" && cp -r python/flashtile "$BUILD/pkg/" \
+    && cp "$BUILD"/python/_core*.so "$BUILD/pkg/flashtile/" && { cp "$BUILD"/python/_torch_ext.so "$BUILD/pkg/flashtile/" 2>/dev/null || true; }
+  export PYTHONPATH=$ROOT/$BUILD/pkg${PYTHONPATH:+:$PYTHONPATH}
+  note "PYTHON: package staged from the C++ build in $BUILD/pkg ($(cd /tmp && python3 -c 'import flashtile; print(flashtile.torch_extension())' 2>&1 | tail -1))"
+  PY=1
+elif [[ $PY == 1 ]]; then
   t0=$(date +%s)
   CMAKE_ARGS="-DFLASHTILE_CUDA_ARCHS=$ARCHS -DFLASHTILE_CUDA_PTX=OFF -DFLASHTILE_CUDA_KERNELS=${FT_PY_KERNELS:-$KERNELS} ${CMAKE_EXTRA[*]}" \
     python3 -m pip install -q --no-build-isolation --no-deps -Cbuild.tool-args=-j$JOBS . >> "$OUT/build.log" 2>&1 \
