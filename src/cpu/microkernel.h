@@ -16,7 +16,10 @@ namespace flashtile::cpu::simd {
 FT_ISA_BEGIN
 
 #if FT_SIMD_WIDTH == 16
-constexpr int kMR = 8, kNV = 2;  // 16 accumulators + 2 B vectors + 1 broadcast of the 32 zmm registers
+// 24 accumulators + 4 B vectors + 1 broadcast of the 32 zmm registers: 10 loads per 24 FMAs where 8 x 2 had 10 per
+// 16. Measured on the 2-core AMX Xeon VM against 8 x 2 (bench/cpu_ab.py, 2 threads, interleaved rounds): float32
+// forward 1.01-1.05x, backward 0.99-1.05x at S = 2048 / 4096, D = 64 / 128; 12 x 2 and 14 x 2 0.98-1.03x.
+constexpr int kMR = 6, kNV = 4;
 #else
 constexpr int kMR = 6, kNV = 2;  // 12 accumulators + 2 B vectors + 1 broadcast of the 16 ymm registers
 #endif
