@@ -80,7 +80,7 @@ const KernelSet kSets[] = {
     // bf16 inputs on emulated AMX tiles: much slower than avx2, for the tests only.
     {"avx2-amxemu", &avx2_amxemu::forward, &avx2_amxemu::backward, &avx2_amxemu::decode, &never, &amx_forward_tiles,
      true},
-    {"avx512", &avx512::forward, &avx512::backward, &avx512::decode},
+    {"avx512", &avx512::forward, &avx512::backward, &avx512::decode, &always, &avx512_forward_tiles},
     // bf16 forward on vdpbf16ps. Automatic only on CPUs without AMX-BF16 (bf16_dots_pay): on the Xeon
     // (Sapphire Rapids class) of the GPU machine vdpbf16ps peaked at 85 GFLOP/s per core against 171 for
     // float32 FMAs (bench/fma_peak.cpp) and this set's bf16 forward ran at half the float32 kernels' speed
@@ -88,11 +88,12 @@ const KernelSet kSets[] = {
     // against 113 and the forward ran 1.8-2.1x the float32 kernels on converted tiles, 304-325 GFLOP/s on 2
     // cores (bench/results/cpu_epyc_1202.md). Elsewhere bf16 inputs take avx512's float32 kernels on tiles
     // converted once per head; FLASHTILE_CPU_ISA=avx512-bf16 selects it.
-    {"avx512-bf16", &avx512_bf16::forward, &avx512::backward, &avx512::decode, &bf16_dots_pay},
+    {"avx512-bf16", &avx512_bf16::forward, &avx512::backward, &avx512::decode, &bf16_dots_pay,
+     &avx512_bf16_forward_tiles},
     // bf16 forward, backward and many-row decode (speculative decoding) on AMX tiles (tdpbf16ps); float32/float16
     // as avx512.
-    {"avx512-amx", &avx512_amx::forward, &avx512_amx::backward, &avx512_amx::decode, &always, &amx_forward_tiles,
-     true},
+    {"avx512-amx", &avx512_amx::forward, &avx512_amx::backward, &avx512_amx::decode, &always,
+     &avx512_amx_forward_tiles, true},
 #endif
 };
 

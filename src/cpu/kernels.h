@@ -27,9 +27,19 @@ struct KernelSet {
   bool amx_decode = false;  // its decode runs many-row tiles on AMX tiles (decode_plan.h decode_on_amx_tiles)
 };
 
-// AMX sets: bf16 forwards on amx_tile_config, other dtypes as every set.
+// AMX sets: bf16 forwards on amx_tile_config, other dtypes on their float32 kernels' tiles (the emulated set's are
+// AVX2's, the real one's AVX-512's).
 inline TileConfig amx_forward_tiles(std::int64_t hdim, DType dtype) {
   return dtype == DType::bfloat16 ? amx_tile_config(hdim) : tile_config(hdim);
+}
+inline TileConfig avx512_amx_forward_tiles(std::int64_t hdim, DType dtype) {
+  return dtype == DType::bfloat16 ? amx_tile_config(hdim) : avx512_tile_config(hdim);
+}
+// AVX-512 sets without AMX: the float32 kernels on avx512_tile_config, except avx512-bf16's bf16 forward on pairs
+// (bf16_pairs.h), whose tiles stay tile_config's (measured there on the Zen 4-class EPYC).
+inline TileConfig avx512_forward_tiles(std::int64_t hdim, DType) { return avx512_tile_config(hdim); }
+inline TileConfig avx512_bf16_forward_tiles(std::int64_t hdim, DType dtype) {
+  return dtype == DType::bfloat16 ? tile_config(hdim) : avx512_tile_config(hdim);
 }
 
 #define FLASHTILE_DECLARE_ISA(ns)                                                  \

@@ -28,6 +28,16 @@ constexpr TileConfig tile_config(std::int64_t hdim) {
   return {32, 64};
 }
 
+// Forward tiles of the AVX-512 float32 kernels (the float32 products on 6 x 4 register blocks, microkernel.h; also
+// float16 and bf16 inputs run there on converted tiles). Measured on the 2-core AMX Xeon VM, 2 threads, B=1 H=8
+// float32 forward, S = 2048 / 4096, full and causal, A/B in one process (bench/cpu_ab.py) against 64 x 64:
+//  D <= 64 : 64 x 128 — 1.08-1.12x, and 1.00-1.10x in a second run at S = 2048 / 8192 (96 x 64: 1.00-1.02x).
+//  D <= 128: 64 x 64 as tile_config — 64 x 128 measured 0.93-0.98x, 96 x 64 0.97-1.01x.
+constexpr TileConfig avx512_tile_config(std::int64_t hdim) {
+  if (hdim <= 64) return {64, 128};
+  return tile_config(hdim);
+}
+
 // Forward tiles of the AMX bf16 kernel (flash_forward_amx.cpp), whose products run at up to ~1000 GFLOP/s
 // per core (bench/fma_peak.cpp, Sapphire Rapids-class Xeon), so the per-row softmax work sets the pace and a
 // wider key tile spreads each row's fixed cost (max, sums, output-row rescale) over more keys. Blocks are
@@ -58,6 +68,7 @@ constexpr TileConfig backward_tile_config(std::int64_t hdim) {
 
 static_assert(forward_working_set(tile_config(64), 64, 64) <= 256 * 1024);
 static_assert(forward_working_set(tile_config(128), 128, 128) <= 256 * 1024);
+static_assert(forward_working_set(avx512_tile_config(64), 64, 64) <= 256 * 1024 && avx512_tile_config(64).block_k % 16 == 0);
 static_assert(forward_working_set(tile_config(256), 256, 256) <= 256 * 1024);
 static_assert(tile_config(64).block_k % 16 == 0 && tile_config(256).block_k % 16 == 0);
 static_assert(amx_tile_config(64).block_q % 32 == 0 && amx_tile_config(64).block_k % 32 == 0 &&
