@@ -4,9 +4,9 @@
 Shapes (issue 4): bf16, 16k tokens in total (batch = 16384 // seqlen), d_model 2048 (heads = 2048 // hdim),
 hdim 64/128/256, seqlen 512..32k, causal and not, forward and backward. Timing: CUDA events around each
 call, synchronised after it (the call's host work counts), warm-up first, median of --reps (>= 20) calls, the
-libraries interleaved: one call of each per round, in a random order drawn per round. TFLOP/s: forward 4*B*H*S^2*D (halved when causal),
-backward 2.5x forward. FlashTile is called as its users call it from Python, through the package's torch op
-(flashtile.flash_attn_func, backward by torch.autograd.grad as for SDPA), on the same torch tensors the peers read;
+libraries interleaved: one call of each per round, in a random order drawn per round. TFLOP/s: forward
+4*B*H*S^2*D (halved when causal), backward 2.5x forward. FlashTile is called as its users call it from Python,
+through the package's torch op (flashtile.flash_attn_func, backward by torch.autograd.grad as for SDPA), on the same torch tensors the peers read;
 `--door capi` (or a machine without the package) calls the C ABI through ctypes instead (libflashtile_capi.so,
 src/capi/capi.cpp: tensor structures built per call in Python, the dispatch report formatted per call). The C ABI
 also gives each cell's dispatch report (the kernel names in the JSON).
@@ -21,6 +21,7 @@ import datetime
 import json
 import math
 import os
+import random
 import statistics
 import sys
 
@@ -182,7 +183,6 @@ def interleaved_median_ms(calls, reps, seed, warmup=3):
     libraries in a random order drawn per round. Each library's calls then follow every other library's alike:
     in a fixed or rotated order one library always follows the same one (cuDNN after the slow efficient kernel),
     and the GPU's clock and power state, which the preceding work sets, would favour some libraries over others."""
-    import random
     rng = random.Random(seed)
     names = list(calls)
     for n in names:
@@ -249,7 +249,7 @@ def bench_cell(ft, hdim, seqlen, causal, reps, deterministic=False, tokens=16384
                 fwd["sm90capi"], bwd["sm90capi"] = ft_calls(ft, None, q, k, v, out, lse, dout, dq, dk, dv, causal,
                                                             backend)
             if deterministic:  # the cost of Options::deterministic (dQ added in key-block order)
-                bwd[key.replace("flashtile", "flashtile_det").replace("sm90", "sm90_det")] = ft_calls(
+                bwd[f"{key}_det"] = ft_calls(
                     ft, pkg, q, k, v, out, lse, dout, dq, dk, dv, causal, backend, deterministic=True)[1]
         except RuntimeError as e:
             res[err] = str(e).split("\n")[0][:200]
@@ -257,7 +257,8 @@ def bench_cell(ft, hdim, seqlen, causal, reps, deterministic=False, tokens=16384
     qt, kt, vt, dot = (x.transpose(1, 2) for x in (q, k, v, dout))
     for name, backend in PEERS.items():
         try:
-            f, bk = sdpa_peer(backend, qt, kt, vt, dot, causal, "fwd"), sdpa_peer(backend, qt, kt, vt, dot, causal, "bwd")
+            f = sdpa_peer(backend, qt, kt, vt, dot, causal, "fwd")
+            bk = sdpa_peer(backend, qt, kt, vt, dot, causal, "bwd")
             f(), bk()  # a peer that cannot run this shape raises here
             fwd[name], bwd[name] = f, bk
         except Exception as e:  # a peer that cannot run this shape is reported, not fatal

@@ -105,9 +105,11 @@ fi
 
 if [[ $PY == build ]]; then  # the package's sources with the modules just built: what pip would install
   rm -rf "$BUILD/pkg" && mkdir -p "$BUILD/pkg" && cp -r python/flashtile "$BUILD/pkg/" \
-    && cp "$BUILD"/python/_core*.so "$BUILD/pkg/flashtile/" && { cp "$BUILD"/python/_torch_ext.so "$BUILD/pkg/flashtile/" 2>/dev/null || true; }
+    && cp "$BUILD"/python/_core*.so "$BUILD/pkg/flashtile/" \
+    && { cp "$BUILD"/python/_torch_ext.so "$BUILD/pkg/flashtile/" 2>/dev/null || true; }
   export PYTHONPATH=$ROOT/$BUILD/pkg${PYTHONPATH:+:$PYTHONPATH}
-  note "PYTHON: package staged from the C++ build in $BUILD/pkg ($(cd /tmp && python3 -c 'import flashtile; print(flashtile.torch_extension())' 2>&1 | tail -1))"
+  ext=$(cd /tmp && python3 -c 'import flashtile; print(flashtile.torch_extension())' 2>&1 | tail -1)
+  note "PYTHON: package staged from the C++ build in $BUILD/pkg (torch extension: $ext)"
   PY=1
 elif [[ $PY == 1 ]]; then
   t0=$(date +%s)

@@ -68,7 +68,8 @@ constexpr TileConfig backward_tile_config(std::int64_t hdim) {
 
 static_assert(forward_working_set(tile_config(64), 64, 64) <= 256 * 1024);
 static_assert(forward_working_set(tile_config(128), 128, 128) <= 256 * 1024);
-static_assert(forward_working_set(avx512_tile_config(64), 64, 64) <= 256 * 1024 && avx512_tile_config(64).block_k % 16 == 0);
+static_assert(forward_working_set(avx512_tile_config(64), 64, 64) <= 256 * 1024 &&
+              avx512_tile_config(64).block_k % 16 == 0);
 static_assert(forward_working_set(tile_config(256), 256, 256) <= 256 * 1024);
 static_assert(tile_config(64).block_k % 16 == 0 && tile_config(256).block_k % 16 == 0);
 static_assert(amx_tile_config(64).block_q % 32 == 0 && amx_tile_config(64).block_k % 32 == 0 &&
