@@ -4,8 +4,9 @@
 // exactly as the float32 forward does (same scaled Q, same tile product: each score is one FMA chain over the
 // head dim, whatever the blocking), so for float32 and float16 inputs the row max the forward folded into LSE
 // comes back bit for bit and S − LSE is exact up to LSE's own float32 rounding (the bf16 pair and AMX forwards
-// sum their scores in another order); nothing of size Sq × Sk is ever stored. A row with LSE = −inf (no visible key, or only −inf scores) has P = 0 and is kept out of every
-// product, as if it saw no key: a NaN in its dO cannot reach dK or dV through 0 · NaN.
+// sum their scores in another order); nothing of size Sq × Sk is ever stored. A row with LSE = −inf (no visible key, or
+// only −inf scores) has P = 0 and is kept out of every product, as if it saw no key: a NaN in its dO cannot reach dK or
+// dV through 0 · NaN.
 //   D  = rowsum(dO ∘ O)                (preprocessing, one float per query row)
 //   dV += Pᵀ dO,  dP = dO Vᵀ,  dS = P ∘ (dP − D) ∘ (1 − tanh²),  dQ += scale · dS K,  dK += dSᵀ (scale · Q)
 //   dsink_h = −Σ exp(sink_h − LSE_i) · D_i   (with sinks; in the preprocessing)
@@ -37,6 +38,7 @@
 #include "cpu/kernels.h"
 #include "cpu/parallel.h"
 #include "cpu/phase_clock.h"
+#include "cpu/scratch.h"
 #include "cpu/score_row.h"
 #include "cpu/tile_ops.h"
 #ifdef FT_AMX
@@ -56,23 +58,33 @@ using detail::AttnParams;
 constexpr Phase kProducts = kPhaseQK, kExp = kPhaseSoftmax, kDs = kPhasePV;
 PhaseTotals g_phases{FT_PHASE_STR(FT_ISA_NS) " backward", {"products", "exp", "dS"}};
 
-std::unique_ptr<float[]> zeros(std::int64_t n) {
-  return std::unique_ptr<float[]>(new float[static_cast<std::size_t>(n)]());
-}
-
 // Per-thread scratch; zero padding (tile_ops.h). cd, cv: the products' columns, padded D and Dv; ldd, ldv, ldk
 // (Kᵀ, Vᵀ) and lds (S, dP, 1 − tanh²): row strides that spread the rows over the L1 sets (tile_ops.h spread_ld).
 struct BwdScratch {
   int cd, cv, ldd, ldv, ldk, lds;
-  std::unique_ptr<float[]> q, dout, kt, kf, vt, s, dp, dt, dk, dv, lse, delta;  // q: scale · Q; dt: 1 − tanh²
-  std::unique_ptr<int[]> lo, hi;  // visible keys [lo, hi) of each query row in the current key tile
+  Scratch<float> q, dout, kt, kf, vt, s, dp, dt, dk, dv, lse, delta;  // q: scale · Q; dt: 1 − tanh²
+  Scratch<int> lo, hi;  // visible keys [lo, hi) of each query row in the current key tile
   BwdScratch(TileConfig t, std::int64_t d, std::int64_t dv_)
-      : cd(padded(d)), cv(padded(dv_)), ldd(spread_ld(d)), ldv(spread_ld(dv_)), ldk(spread_ld(t.block_k)),
-        lds(spread_ld(t.block_k)), q(zeros(t.block_q * ldd)), dout(zeros(t.block_q * ldv)), kt(zeros(d * ldk)),
-        kf(zeros(t.block_k * ldd)), vt(zeros(dv_ * ldk)), s(zeros(t.block_q * lds)), dp(zeros(t.block_q * lds)),
-        dt(zeros(t.block_q * lds)), dk(zeros(t.block_k * ldd)), dv(zeros(t.block_k * ldv)), lse(zeros(t.block_q)),
-        delta(zeros(t.block_q)), lo(new int[static_cast<std::size_t>(t.block_q)]),
-        hi(new int[static_cast<std::size_t>(t.block_q)]) {}
+      : cd(padded(d)),
+        cv(padded(dv_)),
+        ldd(spread_ld(d)),
+        ldv(spread_ld(dv_)),
+        ldk(spread_ld(t.block_k)),
+        lds(spread_ld(t.block_k)),
+        q(zeroed<float>(t.block_q * ldd)),
+        dout(zeroed<float>(t.block_q * ldv)),
+        kt(zeroed<float>(d * ldk)),
+        kf(zeroed<float>(t.block_k * ldd)),
+        vt(zeroed<float>(dv_ * ldk)),
+        s(zeroed<float>(t.block_q * lds)),
+        dp(zeroed<float>(t.block_q * lds)),
+        dt(zeroed<float>(t.block_q * lds)),
+        dk(zeroed<float>(t.block_k * ldd)),
+        dv(zeroed<float>(t.block_k * ldv)),
+        lse(zeroed<float>(t.block_q)),
+        delta(zeroed<float>(t.block_q)),
+        lo(zeroed<int>(t.block_q)),
+        hi(zeroed<int>(t.block_q)) {}
 };
 
 #ifdef FT_AMX
@@ -86,19 +98,26 @@ struct BwdScratch {
 //   per key tile: dk [bk][D32], dv [bk][Dv32], float32 (dK unscaled).
 struct AmxScratch {
   int bq, bk, d32, dv32;
-  std::unique_ptr<std::uint16_t[]> ktp, vtp, kp, q16, do16, qp, dop, pt, ds, dst;
-  std::unique_ptr<float[]> dq, dk, dv;
-  template <class E>
-  static std::unique_ptr<E[]> make(std::int64_t n) {
-    return std::unique_ptr<E[]>(new E[static_cast<std::size_t>(n)]());
-  }
+  Scratch<std::uint16_t> ktp, vtp, kp, q16, do16, qp, dop, pt, ds, dst;
+  Scratch<float> dq, dk, dv;
   AmxScratch(TileConfig t, std::int64_t d, std::int64_t dv_)
-      : bq(t.block_q), bk(t.block_k), d32(static_cast<int>((d + 31) / 32 * 32)),
-        dv32(static_cast<int>((dv_ + 31) / 32 * 32)), ktp(make<std::uint16_t>(d32 * bk)),
-        vtp(make<std::uint16_t>(dv32 * bk)), kp(make<std::uint16_t>(bk * d32)), q16(make<std::uint16_t>(bq * d32)),
-        do16(make<std::uint16_t>(bq * dv32)), qp(make<std::uint16_t>(bq * d32)), dop(make<std::uint16_t>(bq * dv32)),
-        pt(make<std::uint16_t>(bk * bq)), ds(make<std::uint16_t>(bq * bk)), dst(make<std::uint16_t>(bk * bq)),
-        dq(make<float>(bq * d32)), dk(make<float>(bk * d32)), dv(make<float>(bk * dv32)) {}
+      : bq(t.block_q),
+        bk(t.block_k),
+        d32(static_cast<int>((d + 31) / 32 * 32)),
+        dv32(static_cast<int>((dv_ + 31) / 32 * 32)),
+        ktp(zeroed<std::uint16_t>(d32 * bk)),
+        vtp(zeroed<std::uint16_t>(dv32 * bk)),
+        kp(zeroed<std::uint16_t>(bk * d32)),
+        q16(zeroed<std::uint16_t>(bq * d32)),
+        do16(zeroed<std::uint16_t>(bq * dv32)),
+        qp(zeroed<std::uint16_t>(bq * d32)),
+        dop(zeroed<std::uint16_t>(bq * dv32)),
+        pt(zeroed<std::uint16_t>(bk * bq)),
+        ds(zeroed<std::uint16_t>(bq * bk)),
+        dst(zeroed<std::uint16_t>(bk * bq)),
+        dq(zeroed<float>(bq * d32)),
+        dk(zeroed<float>(bk * d32)),
+        dv(zeroed<float>(bk * dv32)) {}
 };
 // The pair layout of a row-major [rows32][cols] bf16 block src: dst[(r / 2) * 2 * cols + 2 * c + r % 2] =
 // src[r][c], two rows interleaved at a time (rows32 even).

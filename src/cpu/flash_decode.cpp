@@ -28,6 +28,7 @@
 #include "cpu/kernels.h"
 #include "cpu/parallel.h"
 #include "cpu/score_row.h"
+#include "cpu/scratch.h"
 #include "cpu/simd.h"
 #include "cpu/tile_ops.h"
 #if defined(FT_AMX)
@@ -221,37 +222,43 @@ void row_groups(int rows, F&& f) {
 template <class T>
 struct DecodeScratch {
   int ldq, ldv;
-  std::unique_ptr<float[]> q, s, acc, m, l;
-  std::unique_ptr<int[]> lo, hi;
-  std::unique_ptr<std::int64_t[]> koff, voff;
-  std::unique_ptr<const T*[]> kp, vp;
-  std::unique_ptr<float[]> kt, vf, pv;  // the matrix-product path (many rows): Kᵀ, V and P·V of a block in float
+  Scratch<float> q, s, acc, m, l;
+  Scratch<int> lo, hi;
+  Scratch<std::int64_t> koff, voff;
+  Scratch<const T*> kp, vp;
+  Scratch<float> kt, vf, pv;  // the matrix-product path (many rows): Kᵀ, V and P·V of a block in float
 #if defined(FT_AMX)
   // The matrix path on AMX tiles (bf16): Q's bits, the block's Kᵀ and V as pairs, P in bf16 (block_rows_amx).
   // A head's products run over whole 32-row blocks, past its last row: q16, s and pb have 32 rows more.
-  std::unique_ptr<std::uint16_t[]> q16, ktp, vtp, pb;
+  Scratch<std::uint16_t> q16, ktp, vtp, pb;
 #endif
   std::vector<HeadInfo> heads;  // one per row; capacity kept across the thread's tasks
-  static std::unique_ptr<float[]> zeros(std::int64_t n) {
-    return std::unique_ptr<float[]>(new float[static_cast<std::size_t>(n)]());
-  }
-  static std::unique_ptr<std::uint16_t[]> bits(std::int64_t n) {
-    return std::unique_ptr<std::uint16_t[]>(new std::uint16_t[static_cast<std::size_t>(n)]());
-  }
   int d, dv;
   DecodeScratch(int d_, int dv_)
-      : ldq(padded(d_)), ldv(padded(dv_)), q(zeros(static_cast<std::int64_t>(kDecodeRows) * ldq)),
-        s(zeros(static_cast<std::int64_t>(kDecodeRows + 32) * kDecodeKeys)),
-        acc(zeros(static_cast<std::int64_t>(kDecodeRows) * ldv)), m(zeros(kDecodeRows)), l(zeros(kDecodeRows)),
-        lo(new int[kDecodeRows]), hi(new int[kDecodeRows]), koff(new std::int64_t[2 * kDecodeKeys]),
-        voff(new std::int64_t[2 * kDecodeKeys]), kp(new const T*[kDecodeKeys]), vp(new const T*[kDecodeKeys]),
-        kt(zeros(static_cast<std::int64_t>(d_) * kDecodeKeys)), vf(zeros(static_cast<std::int64_t>(kDecodeKeys) * ldv)),
-        pv(zeros(static_cast<std::int64_t>(kDecodeRows) * ldv)),
+      : ldq(padded(d_)),
+        ldv(padded(dv_)),
+        q(zeroed<float>(static_cast<std::int64_t>(kDecodeRows) * ldq)),
+        s(zeroed<float>(static_cast<std::int64_t>(kDecodeRows + 32) * kDecodeKeys)),
+        acc(zeroed<float>(static_cast<std::int64_t>(kDecodeRows) * ldv)),
+        m(zeroed<float>(kDecodeRows)),
+        l(zeroed<float>(kDecodeRows)),
+        lo(zeroed<int>(kDecodeRows)),
+        hi(zeroed<int>(kDecodeRows)),
+        koff(zeroed<std::int64_t>(2 * kDecodeKeys)),
+        voff(zeroed<std::int64_t>(2 * kDecodeKeys)),
+        kp(zeroed<const T*>(kDecodeKeys)),
+        vp(zeroed<const T*>(kDecodeKeys)),
+        kt(zeroed<float>(static_cast<std::int64_t>(d_) * kDecodeKeys)),
+        vf(zeroed<float>(static_cast<std::int64_t>(kDecodeKeys) * ldv)),
+        pv(zeroed<float>(static_cast<std::int64_t>(kDecodeRows) * ldv)),
 #if defined(FT_AMX)
-        q16(bits(static_cast<std::int64_t>(kDecodeRows + 32) * d_)), ktp(bits(static_cast<std::int64_t>(d_) * kDecodeKeys)),
-        vtp(bits(static_cast<std::int64_t>(kDecodeKeys) * dv_)), pb(bits(static_cast<std::int64_t>(kDecodeRows + 32) * kDecodeKeys)),
+        q16(zeroed<std::uint16_t>(static_cast<std::int64_t>(kDecodeRows + 32) * d_)),
+        ktp(zeroed<std::uint16_t>(static_cast<std::int64_t>(d_) * kDecodeKeys)),
+        vtp(zeroed<std::uint16_t>(static_cast<std::int64_t>(kDecodeKeys) * dv_)),
+        pb(zeroed<std::uint16_t>(static_cast<std::int64_t>(kDecodeRows + 32) * kDecodeKeys)),
 #endif
-        d(d_), dv(dv_) {
+        d(d_),
+        dv(dv_) {
     heads.reserve(kDecodeRows);
   }
   // This thread's scratch for head dims (d, dv), kept between calls: a decoding loop calls once per token, and
@@ -317,8 +324,8 @@ void block_rows_gemm(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPo
           false);
   softmax_rows(w, t, mask, r_begin, r_end, k0, n, partial, dv);
   // P·V into its own tile, then added (the two-level sum of pv_cols); partial blocks bound each row's keys.
-  gemm_nn(rows, w.ldv, n, s, kDecodeKeys, w.vf.get(), w.ldv, w.pv.get(), w.ldv, false, partial ? w.lo.get() + r_begin : nullptr,
-          partial ? w.hi.get() + r_begin : nullptr);
+  gemm_nn(rows, w.ldv, n, s, kDecodeKeys, w.vf.get(), w.ldv, w.pv.get(), w.ldv, false,
+          partial ? w.lo.get() + r_begin : nullptr, partial ? w.hi.get() + r_begin : nullptr);
   add_rows(rows, w.ldv, w.pv.get(), w.acc.get() + static_cast<std::int64_t>(r_begin) * w.ldv);
 }
 
@@ -368,7 +375,8 @@ void block_rows_amx(DecodeScratch<BFloat16>& w, const RowTile& t, const detail::
     ahead.next_k.fetch(j);
     ahead.next_v.fetch(j);
   }
-  if (pack_pairs(w, n, d, dv)) return block_rows_gemm(w, t, mask, r_begin, r_end, k0, n, partial, d, dv, Lookahead<BFloat16>{});
+  if (pack_pairs(w, n, d, dv))
+    return block_rows_gemm(w, t, mask, r_begin, r_end, k0, n, partial, d, dv, Lookahead<BFloat16>{});
   const int rows = r_end - r_begin, rows32 = (rows + 31) / 32 * 32, n32 = (n + 31) / 32 * 32;
   float* s = w.s.get() + static_cast<std::int64_t>(r_begin) * kDecodeKeys;
   amx::gemm(rows32, n32, d / 32, w.q16.get() + static_cast<std::int64_t>(r_begin) * d, d, w.ktp.get(), 2 * kDecodeKeys,
@@ -377,7 +385,8 @@ void block_rows_amx(DecodeScratch<BFloat16>& w, const RowTile& t, const detail::
   softmax_rows(w, t, mask, r_begin, r_end, k0, n, partial, dv);
   std::uint16_t* pb = w.pb.get() + static_cast<std::int64_t>(r_begin) * kDecodeKeys;
   for (int r = 0; r < rows; ++r)
-    to_bf16_row(s + static_cast<std::int64_t>(r) * kDecodeKeys, pb + static_cast<std::int64_t>(r) * kDecodeKeys, n, n32);
+    to_bf16_row(s + static_cast<std::int64_t>(r) * kDecodeKeys, pb + static_cast<std::int64_t>(r) * kDecodeKeys, n,
+                n32);
   amx::gemm(rows32, dv, n32 / 32, pb, kDecodeKeys, w.vtp.get(), 2 * dv, w.pv.get(), w.ldv, false);
   add_rows(rows, w.ldv, w.pv.get(), w.acc.get() + static_cast<std::int64_t>(r_begin) * w.ldv);
 }
@@ -395,7 +404,8 @@ void block_rows(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPolicy&
     if (r_end - r_begin >= kMatrixRows) {
 #if defined(FT_AMX)
       if constexpr (std::is_same_v<T, BFloat16>)
-        if (decode_on_amx_tiles(DType::bfloat16, d, dv)) return block_rows_amx(w, t, mask, r_begin, r_end, k0, n, partial, d, dv, scale, ahead);
+        if (decode_on_amx_tiles(DType::bfloat16, d, dv))
+          return block_rows_amx(w, t, mask, r_begin, r_end, k0, n, partial, d, dv, scale, ahead);
 #endif
       (void)scale;
       return block_rows_gemm(w, t, mask, r_begin, r_end, k0, n, partial, d, dv, ahead);
@@ -411,7 +421,8 @@ void block_rows(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPolicy&
     row_groups(r_end - r_begin, [&]<int NR>(int g) {
       const int r = r_begin + g;
       pv_rows<NR, kPairs>(w.s.get() + static_cast<std::int64_t>(r) * kDecodeKeys, kDecodeKeys, vp, 0, n, dv,
-                          w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.ldv, g == 0 ? ahead.next_k : Ahead<T>{});
+                          w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.ldv,
+                          g == 0 ? ahead.next_k : Ahead<T>{});
     });
     return;
   }
@@ -429,8 +440,8 @@ struct PairOrder {
   static constexpr int kPiece = 2 * (FT_SIMD_WIDTH > 0 ? FT_SIMD_WIDTH : 1);
   template <class T>
   static bool applies(int d, int dv, int rows_per_head) {
-    return (FT_SIMD_WIDTH == 8 || FT_SIMD_WIDTH == 16) && std::is_same_v<T, BFloat16> && d % kPiece == 0 && dv % kPiece == 0 &&
-           rows_per_head < kMatrixRows;
+    return (FT_SIMD_WIDTH == 8 || FT_SIMD_WIDTH == 16) && std::is_same_v<T, BFloat16> && d % kPiece == 0 &&
+           dv % kPiece == 0 && rows_per_head < kMatrixRows;
   }
   // Position of column c in pair order.
   static int slot(int c) {
@@ -457,7 +468,8 @@ void attend_tile(const AttnParams& p, DecodeScratch<T>& w, const RowTile& t, int
     const T* src = row_ptr<T>(p.q, p.q_stride, t.b, t.token(r), t.head(r));
     for (int c = 0; c < d; ++c) dst[pairs ? PairOrder::slot(c) : c] = to_float(src[c]) * p.softmax_scale;
 #if defined(FT_AMX)
-    if (amx_tiles) std::memcpy(w.q16.get() + static_cast<std::int64_t>(r) * d, src, sizeof(T) * static_cast<std::size_t>(d));
+    if (amx_tiles)
+      std::memcpy(w.q16.get() + static_cast<std::int64_t>(r) * d, src, sizeof(T) * static_cast<std::size_t>(d));
 #endif
     if (split == 0) {  // the sink enters one split only, so that the merge counts it once
       start_row(w.heads[static_cast<std::size_t>(r)], w.m[r], w.l[r]);
@@ -598,10 +610,12 @@ void decode_typed(const AttnParams& p, const DecodePlan& plan, int threads) {
   // The splits' partials: grown per calling thread and kept, so that steady decoding allocates nothing here.
   thread_local std::vector<float> parts;
   if (splits > 1)
-    parts.resize(std::max(parts.size(), static_cast<std::size_t>(p.batch * p.heads_q * p.seqlen_q * splits * (p.hdim_v + 1))));
+    parts.resize(
+        std::max(parts.size(), static_cast<std::size_t>(p.batch * p.heads_q * p.seqlen_q * splits * (p.hdim_v + 1))));
   float* part_data = parts.data();
   parallel_tasks(
-      tasks, threads, [&] { return DecodeScratch<T>::for_thread(static_cast<int>(p.hdim), static_cast<int>(p.hdim_v)); },
+      tasks, threads,
+      [&] { return DecodeScratch<T>::for_thread(static_cast<int>(p.hdim), static_cast<int>(p.hdim_v)); },
       [&](DecodeScratch<T>* w, std::int64_t task) {
         const int split = static_cast<int>(task % splits);
         const std::int64_t tile = task / splits % tiles, b = task / splits / tiles;

@@ -19,6 +19,7 @@
 #include "cpu/kernel_common.h"
 #include "cpu/kernels.h"
 #include "cpu/phase_clock.h"
+#include "cpu/scratch.h"
 #include "cpu/score_row.h"
 #include "cpu/tile_ops.h"
 
@@ -46,19 +47,16 @@ PhaseTotals g_phases{FT_PHASE_STR(FT_ISA_NS) " float32 forward"};
 struct FwdScratch {
   int bq, bk, d, dv, ldq, ldv;
   std::int64_t n_kt;  // key tiles
-  std::unique_ptr<float[]> q, s, acc, pv, m, l, kt, v;  // pv: one key tile's P·V
-  std::unique_ptr<int[]> lo, hi;  // visible keys [lo, hi) of each row in the current (partial) key tile
+  Scratch<float> q, s, acc, pv, m, l, kt, v;  // pv: one key tile's P·V
+  Scratch<int> lo, hi;  // visible keys [lo, hi) of each row in the current (partial) key tile
   std::int64_t cached_b = -1, cached_hk = -1, conv_lo = 0, conv_hi = 0;  // the KV head in kt / v, its keys done
-  static std::unique_ptr<float[]> zeros(std::int64_t n) {
-    return std::unique_ptr<float[]>(new float[static_cast<std::size_t>(n)]());
-  }
   FwdScratch(TileConfig t, int d_, int dv_, std::int64_t sk)
       : bq(t.block_q), bk(t.block_k), d(d_), dv(dv_), ldq(padded(d_)), ldv(padded(dv_)),
-        n_kt((sk + t.block_k - 1) / t.block_k), q(zeros(static_cast<std::int64_t>(bq) * ldq)),
-        s(zeros(static_cast<std::int64_t>(bq) * bk)), acc(zeros(static_cast<std::int64_t>(bq) * ldv)),
-        pv(zeros(static_cast<std::int64_t>(bq) * ldv)), m(zeros(bq)),
-        l(zeros(bq)), kt(zeros(n_kt * d * bk)), v(zeros(n_kt * bk * ldv)),
-        lo(new int[static_cast<std::size_t>(bq)]), hi(new int[static_cast<std::size_t>(bq)]) {}
+        n_kt((sk + t.block_k - 1) / t.block_k), q(zeroed<float>(static_cast<std::int64_t>(bq) * ldq)),
+        s(zeroed<float>(static_cast<std::int64_t>(bq) * bk)), acc(zeroed<float>(static_cast<std::int64_t>(bq) * ldv)),
+        pv(zeroed<float>(static_cast<std::int64_t>(bq) * ldv)), m(zeroed<float>(bq)),
+        l(zeroed<float>(bq)), kt(zeroed<float>(n_kt * d * bk)), v(zeroed<float>(n_kt * bk * ldv)),
+        lo(zeroed<int>(bq)), hi(zeroed<int>(bq)) {}
   // The Kᵀ block of the key tile that starts at key k0: [d][bk].
   float* kt_tile(std::int64_t k0) { return kt.get() + (k0 / bk) * d * bk; }
 };

@@ -30,6 +30,7 @@
 #include "cpu/forward_common.h"
 #include "cpu/kernel_common.h"
 #include "cpu/pair_pack.h"
+#include "cpu/scratch.h"
 #include "cpu/score_row.h"
 #include "cpu/tile_config.h"
 
@@ -39,25 +40,21 @@ FT_ISA_BEGIN
 struct PairScratch {
   int bq, bk, d, dv, align, kp, ldq, ldv;  // kp: pairs along the (padded) head dim
   std::int64_t n_kt;
-  std::unique_ptr<std::uint16_t[]> q, pb, kt, v;
-  std::unique_ptr<float[]> s, acc, m, l;
-  std::unique_ptr<int[]> lo, hi;  // visible keys [lo, hi) of each row in the current key tile
-  std::unique_ptr<bool[]> v_nonfinite;  // per group of `align` keys
+  Scratch<std::uint16_t> q, pb, kt, v;
+  Scratch<float> s, acc, m, l;
+  Scratch<int> lo, hi;  // visible keys [lo, hi) of each row in the current key tile
+  Scratch<bool> v_nonfinite;  // per group of `align` keys
   std::int64_t cached_b = -1, cached_hk = -1, key_lo = 0, key_hi = 0;
 
   static constexpr int round_up(std::int64_t n, int m) { return static_cast<int>((n + m - 1) / m * m); }
-  template <class E>
-  static std::unique_ptr<E[]> zeros(std::int64_t n) {
-    return std::unique_ptr<E[]>(new E[static_cast<std::size_t>(n)]());
-  }
   PairScratch(TileConfig t, int d_, int dv_, std::int64_t sk, int align_)
       : bq(t.block_q), bk(t.block_k), d(d_), dv(dv_), align(align_), kp(round_up(d_, align_) / 2),
         ldq(round_up(d_, align_)), ldv(round_up(dv_, align_)), n_kt((sk + t.block_k - 1) / t.block_k),
-        q(zeros<std::uint16_t>(static_cast<std::int64_t>(bq) * ldq)),
-        pb(zeros<std::uint16_t>(static_cast<std::int64_t>(bq) * bk)), kt(zeros<std::uint16_t>(n_kt * kp * bk * 2)),
-        v(zeros<std::uint16_t>(n_kt * bk * ldv)), s(zeros<float>(static_cast<std::int64_t>(bq) * bk)),
-        acc(zeros<float>(static_cast<std::int64_t>(bq) * ldv)), m(zeros<float>(bq)), l(zeros<float>(bq)),
-        lo(new int[static_cast<std::size_t>(bq)]), hi(new int[static_cast<std::size_t>(bq)]), v_nonfinite(zeros<bool>(n_kt * bk / align + 1)) {}
+        q(zeroed<std::uint16_t>(static_cast<std::int64_t>(bq) * ldq)),
+        pb(zeroed<std::uint16_t>(static_cast<std::int64_t>(bq) * bk)), kt(zeroed<std::uint16_t>(n_kt * kp * bk * 2)),
+        v(zeroed<std::uint16_t>(n_kt * bk * ldv)), s(zeroed<float>(static_cast<std::int64_t>(bq) * bk)),
+        acc(zeroed<float>(static_cast<std::int64_t>(bq) * ldv)), m(zeroed<float>(bq)), l(zeroed<float>(bq)),
+        lo(zeroed<int>(bq)), hi(zeroed<int>(bq)), v_nonfinite(zeroed<bool>(n_kt * bk / align + 1)) {}
   std::uint16_t* kt_tile(std::int64_t k0) { return kt.get() + (k0 / bk) * kp * bk * 2; }
   // The pair row holding keys k0 and k0 + 1 (k0 even).
   std::uint16_t* v_pairs(std::int64_t k0) { return v.get() + (k0 / 2) * 2 * ldv; }
@@ -87,8 +84,8 @@ inline void put_key(PairScratch& w, const BFloat16* ks, const BFloat16* vs, std:
 // Makes keys [k_lo, k_hi) of KV head (b, hk) available in the cache (k_lo: the first key of the query tile's first
 // key tile), zeros up to the next `align` keys past them; the sequence's keys start at row k_row0. v_nonfinite
 // flags are only ever set for a head, so a flag left from a replaced range errs on the safe side.
-inline void cache_keys(const detail::AttnParams& p, PairScratch& w, std::int64_t b, std::int64_t k_row0, std::int64_t hk,
-                       std::int64_t k_lo, std::int64_t k_hi) {
+inline void cache_keys(const detail::AttnParams& p, PairScratch& w, std::int64_t b, std::int64_t k_row0,
+                       std::int64_t hk, std::int64_t k_lo, std::int64_t k_hi) {
   if (w.cached_b != b || w.cached_hk != hk) {
     w.cached_b = b;
     w.cached_hk = hk;
