@@ -1,5 +1,7 @@
 """What bench/gpu_ab.py and bench/cpu_ab.py share: torch's SDPA on one backend as the peer call, and the rounds
-that time every call in turn with the order rotated, so that no build keeps the slot after another's."""
+that time every call in turn in an order drawn per round, so that no build keeps the slot after another's."""
+import random
+
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
@@ -19,11 +21,16 @@ def sdpa_peer(backend, qt, kt, vt, dot, causal, direction):
     return lambda: torch.autograd.grad(o, (qg, kg, vg), dot, retain_graph=True)
 
 
-def rotated_rounds(calls, rounds, timer):
-    """{name: [timer(call) per round]}; round i starts at the i-th name."""
+def shuffled_rounds(calls, rounds, timer, seed=0):
+    """{name: [timer(call) per round]}; each round times every call once, in an order drawn at random per round. A
+    rotation of one order keeps its cycle (in [a, b, c] rotated, b always follows a), so the state the preceding
+    call leaves (clock, power, caches) would fall on each call from the same neighbour; drawn orders spread it."""
+    rng = random.Random(seed)
     names = list(calls)
     times = {n: [] for n in names}
-    for i in range(rounds):
-        for n in names[i % len(names):] + names[:i % len(names)]:
+    for _ in range(rounds):
+        order = names[:]
+        rng.shuffle(order)
+        for n in order:
             times[n].append(timer(calls[n]))
     return times

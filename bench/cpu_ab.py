@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A/B of FlashTile builds on the CPU in one process: the same cells and tensors, each build's cpu-flash call and
-torch's CPU SDPA (its flash kernel) timed in turn, rounds interleaved with the order rotated each round, so that
+torch's CPU SDPA (its flash kernel) timed in turn, rounds interleaved in an order drawn per round, so that
 this VM's drift (±20 % between runs) falls on every column alike.
 
     OMP_NUM_THREADS=2 python3 bench/cpu_ab.py --libs A=build-a/src/libflashtile_capi.so,B=build-b/src/... \
@@ -20,7 +20,7 @@ import torch
 from torch.nn.attention import SDPBackend
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ab_common import rotated_rounds, sdpa_peer  # noqa: E402
+from ab_common import shuffled_rounds, sdpa_peer  # noqa: E402
 from decode import median_s  # noqa: E402
 from gpu_bench import FlashTile  # noqa: E402  (the ctypes binding; CPU tensors give device -1)
 
@@ -41,7 +41,7 @@ def cell(libs, d, s, causal, direction, dtype, iters, rounds):
                                                     backend="cpu-flash")
     qt, kt, vt, dot = (x.transpose(1, 2) for x in (q, k, v, do))
     calls["torch_flash"] = sdpa_peer(SDPBackend.FLASH_ATTENTION, qt, kt, vt, dot, causal, direction)
-    times = rotated_rounds(calls, rounds, lambda fn: median_s(fn, iters, warmup=1))
+    times = shuffled_rounds(calls, rounds, lambda fn: median_s(fn, iters, warmup=1))
     flops = 4.0 * 8 * s * s * d / (2 if causal else 1) * (2.5 if direction == "bwd" else 1)
     res = {"hdim": d, "seqlen": s, "causal": causal, "direction": direction, "dtype": str(dtype).split(".")[-1],
            "threads": int(os.environ.get("OMP_NUM_THREADS", "0"))}

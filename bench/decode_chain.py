@@ -13,8 +13,8 @@ A cell is batch:keys:page (Sq = 1; --sq for 16). --only ft|cudnn with --calls N 
 profiler, inside an NVTX range "timed", for ncu (`ncu --nvtx --nvtx-include timed/ ... --only ft`).
 
 --libs A=a.so,B=b.so is an A/B of builds in one process: per cell, every build's chain and cuDNN's in --rounds
-rotated rounds (bench/ab_common.py), the median period and decode-kernel time of each; --splits-sweep 2,4,8 adds
-the first build at those num_splits. bench/plot_decode_ab.py draws such runs' printed output.
+rounds in an order drawn per round (bench/ab_common.py), the median period and decode-kernel time of each;
+--splits-sweep 2,4,8 adds the first build at those num_splits. bench/plot_decode_ab.py draws such runs' printed output.
 """
 import argparse
 import os
@@ -27,7 +27,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from ab_common import rotated_rounds  # noqa: E402
+from ab_common import shuffled_rounds  # noqa: E402
 from gpu_bench import FlashTile, find_lib  # noqa: E402
 from gpu_decode import D, FT_FIRST_OPS, HKV, HQ  # noqa: E402
 from gpu_profile import cuda_events  # noqa: E402
@@ -108,7 +108,7 @@ def ab(args):
         def timer(entry):
             rows, period, _ = chain(entry[0], args.calls, entry[1])
             return period, max(d for _, _, d in rows)
-        times = rotated_rounds(calls, args.rounds, timer)
+        times = shuffled_rounds(calls, args.rounds, timer)
         print(f"cell: Sq={args.sq} batch={batch} keys={keys} page={page or 'contiguous'} (K+V {kv_bytes / 1e6:.0f} MB), "
               f"{args.rounds} rounds")
         for name, ts in times.items():

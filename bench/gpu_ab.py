@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """A/B of FlashTile builds in one process: the same cells, the same tensors, each build's cuda-sm90 call and
-cuDNN's timed in turn, rounds interleaved so that clock and thermal drift fall on every column alike.
+cuDNN's timed in turn, rounds interleaved (an order drawn per round) so that clock and thermal drift fall on every
+column alike.
 
     python3 bench/gpu_ab.py --libs A=build-a/libflashtile_capi.so,B=build-b/libflashtile_capi.so \
         --hdims 128 --seqlens 4096,8192 --json out.json
@@ -16,7 +17,7 @@ import statistics
 import torch
 from torch.nn.attention import SDPBackend
 
-from ab_common import rotated_rounds, sdpa_peer
+from ab_common import shuffled_rounds, sdpa_peer
 from gpu_bench import FlashTile, time_ms
 
 
@@ -45,7 +46,7 @@ def cell(libs, hdim, seqlen, causal, reps, rounds, direction, hook="none", token
         results[name] = [x.clone() for x in ((out, lse) if direction == "fwd" else (dq, dk, dv))]
     qt, kt, vt, dot = (x.transpose(1, 2) for x in (q, k, v, dout))
     calls["cudnn"] = sdpa_peer(SDPBackend.CUDNN_ATTENTION, qt, kt, vt, dot, causal, direction)
-    times = rotated_rounds(calls, rounds, lambda fn: time_ms(fn, reps))
+    times = shuffled_rounds(calls, rounds, lambda fn: time_ms(fn, reps))
     # Each build's outputs against the first build's on the same inputs: builds that change only the schedule agree
     # bit for bit; a difference is printed beside the cell.
     first = next(iter(results))

@@ -6,10 +6,10 @@ hdim 64/128/256, seqlen 512..32k, causal and not, forward and backward. Timing: 
 call, synchronised after it (the call's host work counts), warm-up first, median of --reps (>= 20) calls, the
 libraries interleaved: one call of each per round, in a random order drawn per round. TFLOP/s: forward
 4*B*H*S^2*D (halved when causal), backward 2.5x forward. FlashTile is called as its users call it from Python,
-through the package's torch op (flashtile.flash_attn_func, backward by torch.autograd.grad as for SDPA), on the same torch tensors the peers read;
-`--door capi` (or a machine without the package) calls the C ABI through ctypes instead (libflashtile_capi.so,
-src/capi/capi.cpp: tensor structures built per call in Python, the dispatch report formatted per call). The C ABI
-also gives each cell's dispatch report (the kernel names in the JSON).
+through the package's torch op (flashtile.flash_attn_func, backward by torch.autograd.grad as for SDPA), on the same
+torch tensors the peers read; `--door capi` (or a machine without the package) calls the C ABI through ctypes
+instead (libflashtile_capi.so, src/capi/capi.cpp: tensor structures built per call in Python, the dispatch report
+formatted per call). The C ABI also gives each cell's dispatch report (the kernel names in the JSON).
 
     python3 bench/gpu_bench.py --lib build/gpu/src/libflashtile_capi.so --json out.json --md out.md
 
@@ -21,7 +21,6 @@ import datetime
 import json
 import math
 import os
-import random
 import statistics
 import sys
 
@@ -30,7 +29,9 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ab_common import sdpa_peer  # noqa: E402
+from ab_common import sdpa_peer, shuffled_rounds  # noqa: E402
+
+WARMUP = 3  # calls of each library before its timed ones
 
 
 class FtTensor(ctypes.Structure):
@@ -178,22 +179,16 @@ def call_times_ms(fn, reps, warmup=5):
     return times
 
 
-def interleaved_median_ms(calls, reps, seed, warmup=3):
+def interleaved_median_ms(calls, reps, seed, warmup=WARMUP):
     """{name: median ms of reps calls}: every library warmed up, then reps rounds of one timed call each, the
-    libraries in a random order drawn per round. Each library's calls then follow every other library's alike:
-    in a fixed or rotated order one library always follows the same one (cuDNN after the slow efficient kernel),
-    and the GPU's clock and power state, which the preceding work sets, would favour some libraries over others."""
-    rng = random.Random(seed)
-    names = list(calls)
-    for n in names:
+    libraries in an order drawn at random per round (ab_common.shuffled_rounds): in a fixed or rotated order one
+    library always follows the same one (cuDNN after the slow efficient kernel), and the GPU's clock and power state,
+    which the preceding work sets, would favour some libraries over others."""
+    for fn in calls.values():
         for _ in range(warmup):
-            calls[n]()
+            fn()
     torch.cuda.synchronize()
-    times = {n: [] for n in names}
-    for _ in range(reps):
-        rng.shuffle(names)
-        for n in names:
-            times[n].append(call_times_ms(calls[n], 1, warmup=0)[0])
+    times = shuffled_rounds(calls, reps, lambda fn: call_times_ms(fn, 1, warmup=0)[0], seed)
     return {n: statistics.median(t) for n, t in times.items()}
 
 
@@ -338,7 +333,7 @@ def main():
             else "C ABI through ctypes (arguments converted per call)")
     meta = {"door": door, "order": "interleaved", "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "gpu": torch.cuda.get_device_name(), "cuda": torch.version.cuda, "torch": torch.__version__,
-            "cudnn": str(torch.backends.cudnn.version()), "reps": args.reps, "warmup": 5,
+            "cudnn": str(torch.backends.cudnn.version()), "reps": args.reps, "warmup": WARMUP,
             "command": "python3 bench/gpu_bench.py " + " ".join(sys.argv[1:])}
     rows = []
     for hdim in (int(x) for x in args.hdims.split(",")):

@@ -7,7 +7,7 @@ Rows: flashtile (eager calls through flashtile._torch_ext when it loaded: C++ au
 A tiny call (B=1, S=128, 8 heads, D=64, bf16) runs in a few microseconds on the GPU, so a loop of such calls is
 bound by the host: the time per call is what a training loop of many small layers, or an uncaptured decode step,
 pays each time. Measured: wall time per call over a loop of --loop calls (synchronised before and after), median of
---repeats rounds in which every library runs one loop (rotating order), after a warm-up; forward alone and forward + backward (out.backward(dout), the same for every
+--repeats rounds in which every library runs one loop (an order drawn per round), after a warm-up; forward alone and forward + backward (out.backward(dout), the same for every
 library). Peers: torch SDPA with its default choice and with each backend forced (flash, efficient, cuDNN).
 
   --components   also times the pieces of FlashTile's call (allocation, the C++ call with outputs given, the
@@ -20,6 +20,7 @@ import cProfile
 import datetime
 import io
 import json
+import os
 import pstats
 import statistics
 import sys
@@ -31,6 +32,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashtile
 from flashtile import _torch_ops
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ab_common import shuffled_rounds  # noqa: E402
 
 
 def per_call_us(fn, loop, repeats, warmup=50):
@@ -51,7 +55,7 @@ LIBS = ("flashtile", "flashtile_python_door", "torch_sdpa", "torch_flash", "torc
 
 
 def interleaved(fns, loop, repeats, warmup=50):
-    """Median us per call of each fn, measured in rounds that visit every fn once (in a rotating order), so that
+    """Median us per call of each fn, measured in rounds that visit every fn once (ab_common.shuffled_rounds), so that
     drift of the host's speed during the run (seen at +-50 % between runs on the H200 host) hits every library alike.
     A library whose call fails gets None and is reported."""
     ok = {}
@@ -63,16 +67,15 @@ def interleaved(fns, loop, repeats, warmup=50):
         except Exception as e:  # e.g. a torch backend that cannot run this shape
             print(f"  {name}: {type(e).__name__}: {e}")
     torch.cuda.synchronize()
-    times = {name: [] for name in ok}
-    names = list(ok)
-    for r in range(repeats):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            fn = ok[name]
-            t0 = time.perf_counter()
-            for _ in range(loop):
-                fn()
-            torch.cuda.synchronize()
-            times[name].append((time.perf_counter() - t0) / loop * 1e6)
+
+    def per_call_us(fn):
+        t0 = time.perf_counter()
+        for _ in range(loop):
+            fn()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / loop * 1e6
+
+    times = shuffled_rounds(ok, repeats, per_call_us)
     return {name: statistics.median(times[name]) if name in times else None for name in fns}
 
 
