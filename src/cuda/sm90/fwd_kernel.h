@@ -23,7 +23,6 @@
 #include "common/params.h"
 #include "common/scheduler.h"
 #include "common/softmax.h"
-#include "sm90/staged_tile.h"
 #include "sm90/traits.h"
 
 namespace flashtile::cuda::sm90 {
@@ -34,7 +33,8 @@ struct KernelParams {
   StaticTileScheduler sched;  // the grid's tiles: (query block, query head, sequence)
   typename Traits::TmaQ tma_q;
   typename Traits::TmaKV tma_k, tma_v;
-  GmemShape shape_q, shape_k, shape_v;
+  typename Traits::TmaO tma_o;
+  GmemShape shape_q, shape_k, shape_v, shape_o;
 };
 
 // The wgmma accumulator ((2, 2, N / 8), MMA_M, MMA_N) viewed as (rows, cols) = ((2, MMA_M), (2, N / 8, MMA_N)):
@@ -129,6 +129,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     cute::prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
     cute::prefetch_tma_descriptor(kp.tma_k.get_tma_descriptor());
     cute::prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
+    if constexpr (Traits::kStageO) cute::prefetch_tma_descriptor(kp.tma_o.get_tma_descriptor());
     cutlass::arch::ClusterTransactionBarrier::init(&ss.barrier_q, 1);
     cutlass::arch::ClusterBarrier::init(&ss.barrier_q_empty, Traits::kMmaThreads);
   }
@@ -242,6 +243,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
   const float mult = kHooks ? 1.4426950408889634f : p.scale_log2;
   const float score_scale = kHooks ? 1.f : a.softmax_scale;
   const int hdim_v = static_cast<int>(a.hdim_v);
+  const bool tma_store = a.cu_seqlens_q == nullptr;  // batch mode: O's tensor ends where the sequence does
   constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
   TurnTaking<Traits::kConsumerWarpgroups> turns{warpgroup - 1};
   cutlass::PipelineState<Traits::kStages> read, prev;  // run on across tiles, as the producer's
@@ -259,12 +261,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     const Tile w = tile_at(t);
     if (w.m0 >= w.sq) continue;  // varlen: this sequence is shorter than max_seqlen_q
     const int m0 = w.m0, sq = w.sq, sk = w.sk, b = w.b, h = w.h;
-    Element* o_bh = static_cast<Element*>(a.out) + b * a.out_stride.batch + w.seq.q_row0 * a.out_stride.row +
-                    h * a.out_stride.head;
-    float* lse_bh = a.lse + b * a.lse_stride.batch + w.seq.q_row0 * a.lse_stride.row + h * a.lse_stride.head;
+    // O's and LSE's rows of this (sequence, head), computed where they are written (not kept across the mainloop).
+    auto o_ptr = [&]() __attribute__((always_inline)) {
+      return static_cast<Element*>(a.out) + b * a.out_stride.batch + w.seq.q_row0 * a.out_stride.row +
+             h * a.out_stride.head;
+    };
+    auto lse_ptr = [&]() __attribute__((always_inline)) {
+      return a.lse + b * a.lse_stride.batch + w.seq.q_row0 * a.lse_stride.row + h * a.lse_stride.head;
+    };
     const float sink = detail::sink_logit(a, h);
     if (w.n_first >= w.n_last) {  // no row of this block sees a key: O = 0, LSE = sink (-inf without sinks)
       const int rows = min(kBlockM, sq - m0);
+      Element* o_bh = o_ptr();
+      float* lse_bh = lse_ptr();
       for (int i = tidx; i < rows * hdim_v; i += Traits::kMmaThreads)
         o_bh[(m0 + i / hdim_v) * a.out_stride.row + i % hdim_v] = Element(0.f);
       for (int r = tidx; r < rows; r += Traits::kMmaThreads) lse_bh[(m0 + r) * a.lse_stride.row] = sink;
@@ -353,11 +362,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     cutlass::arch::ClusterBarrier::arrive(&ss.barrier_q_empty);
 
     // Epilogue: normalise; LSE from the lanes that own each row; O through shared memory where tile_table.h
-    // fwd_stages_o has it (each warpgroup stages its 64 rows and stores them itself), else as pairs of 16-bit values
-    // from the accumulator.
+    // fwd_stages_o has it, else as pairs of 16-bit values from the accumulator. Staged, each warpgroup writes its 64
+    // rows to its own buffer and one of its threads stores them with TMA, which clips the rows past the sequence and
+    // the columns past the head dim; the warpgroup goes on to its next tile while the store runs. A varlen call's
+    // rows are packed (a block's last rows belong to the next sequence, which TMA's bounds cannot tell), so there
+    // the warpgroup stores its rows itself, in 16-byte vectors.
     float lse[kRows];
     softmax.finalize(acc_o_rc, score_scale, lse);
     if (tidx % 4 == 0) {
+      float* lse_bh = lse_ptr();
       CUTE_UNROLL
       for (int mi = 0; mi < kRows; ++mi) {
         const int row = m0 + get<0>(tScS_rc(mi, 0));
@@ -365,22 +378,44 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       }
     }
     if constexpr (Traits::kStageO) {
-      using Staged = typename Traits::StagedO;
       const int wg = warpgroup - 1, r0 = wg * 64;
-      Element* s_o = ss.o + wg * Staged::kElems;
+      // The buffer's offset is made opaque to the optimiser, so that the stmatrix addresses below (loop-invariant)
+      // and the thread's place in it are computed here, not hoisted out of the tile loop into registers the mainloop needs (hdim 64's kernel,
+      // three consumer warpgroups of 160 registers, spilled 72 bytes with them hoisted).
+      int o_offset = wg * cosize_v<typename Traits::SmemLayoutO>, wg_tid = tidx % 128;
+      asm volatile("" : "+r"(o_offset), "+r"(wg_tid));
+      Tensor sO = make_tensor(make_smem_ptr(ss.o + o_offset), typename Traits::SmemLayoutO{});
       const int wg_barrier = kOutBarrier + wg;
-      cutlass::arch::NamedBarrier::sync(128, wg_barrier);  // the last tile's rows are out of the buffer
-      CUTE_UNROLL
-      for (int mi = 0; mi < size<0>(acc_o_rc); ++mi) {
-        CUTE_UNROLL
-        for (int ni = 0; ni < size<1>(acc_o_rc); ni += 2)
-          Staged::put(s_o, get<0>(tOcO_rc(mi, ni)) - r0, get<1>(tOcO_rc(mi, ni)), acc_o_rc(mi, ni),
-                      acc_o_rc(mi, ni + 1));
-      }
+      if (tma_store && tidx % 128 == 0) tma_store_wait<0>();  // the last tile's store has read the buffer
       cutlass::arch::NamedBarrier::sync(128, wg_barrier);
-      Staged::store(s_o, o_bh + (m0 + r0) * a.out_stride.row, a.out_stride.row, min(64, sq - m0 - r0), hdim_v,
-                    tidx % 128, 128);
+      // stmatrix through a one-warpgroup copy: each thread holds only its warpgroup's 64 rows of O, in the
+      // fragment layout of a 64-row product.
+      auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, typename Traits::TiledMmaPVOneWarpgroup{});
+      auto thr_r2s = r2s.get_thread_slice(wg_tid);
+      Tensor o16 = convert_to<Element>(acc_o);
+      copy(r2s, thr_r2s.retile_S(o16), thr_r2s.partition_D(sO));
+      if (tma_store) tma_store_fence();  // the writes above, visible to the TMA unit
+      cutlass::arch::NamedBarrier::sync(128, wg_barrier);
+      if (tma_store) {
+        if (tidx % 128 == 0) {
+          Tensor mO = kp.tma_o.get_tma_tensor(kp.shape_o)(_, _, h, b);
+          Tensor gO = local_tile(mO, Shape<_64, Int<kD>>{}, make_coord((m0 + r0) / 64, _0{}));
+          auto [tOg, tOs] = tma_partition(kp.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sO), group_modes<0, 2>(gO));
+          copy(kp.tma_o, tOs, tOg);
+          tma_store_arrive();
+        }
+      } else {
+        Element* dst = o_ptr() + (m0 + r0) * a.out_stride.row;
+        const int rows = min(64, sq - m0 - r0);
+        constexpr int kChunks = kD / 8;
+        for (int c = wg_tid; c < 64 * kChunks; c += 128) {
+          const int r = c / kChunks, col = (c % kChunks) * 8;
+          if (r < rows && col < hdim_v)
+            *reinterpret_cast<uint4*>(dst + r * a.out_stride.row + col) = *reinterpret_cast<const uint4*>(&sO(r, col));
+        }
+      }
     } else {
+      Element* o_bh = o_ptr();
       CUTE_UNROLL
       for (int mi = 0; mi < size<0>(acc_o_rc); ++mi) {
         const int row = m0 + get<0>(tOcO_rc(mi, 0));
@@ -400,6 +435,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     }
   }
   turns.finish();
+  if constexpr (Traits::kStageO)
+    if (tma_store && tidx % 128 == 0) tma_store_wait<0>();  // shared memory stays until the last store has read it
 #endif
 }
 

@@ -1,5 +1,5 @@
 // Host-side launcher of the sm90 forward kernel (included by the generated instance files only): builds the
-// TMA descriptors of Q, K and V from the call's pointers and strides (no device work, no allocation) and
+// TMA descriptors of Q, K, V and O from the call's pointers and strides (no device work, no allocation) and
 // launches the persistent kernel, one CTA per SM.
 #pragma once
 
@@ -53,6 +53,10 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
                            select<1, 2>(TileShape{}), _1{});
   kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, mV, take<0, 2>(typename Traits::SmemLayoutKV{}),
                            select<1, 2>(TileShape{}), _1{});
+  if constexpr (Traits::kStageO) {  // O's store (the kernel uses it in batch mode)
+    auto mO = gmem_view<Element>(a.out, a.out_stride, a, rows_q, a.hdim_v, a.heads_q, kp.shape_o);
+    kp.tma_o = make_tma_copy(SM90_TMA_STORE{}, mO, typename Traits::SmemLayoutO{}, Shape<_64, Int<kHeadDim>>{}, _1{});
+  }
   auto kernel = fwd_kernel<Traits, V>;
   constexpr int smem = Traits::kSmemBytes;
   static_assert(smem <= fwd_smem_bytes(kHeadDim, kPlain, V::kHooks));

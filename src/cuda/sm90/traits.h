@@ -6,7 +6,6 @@
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cutlass/pipeline/pipeline.hpp>
 
-#include "sm90/staged_tile.h"
 #include "sm90/tile_table.h"
 
 namespace flashtile::cuda::sm90 {
@@ -60,6 +59,11 @@ struct FwdTraits {
                            GMMA::Major::K, GMMA::Major::MN>(),
       AtomLayout{}));
 
+  // The same product for one warpgroup's 64 rows (its threads' share of O; the epilogue's stmatrix copy is cut to it).
+  using TiledMmaPVOneWarpgroup = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockN>>, GMMA::Major::K,
+                           GMMA::Major::MN>()));
+
   using SmemAtom = decltype(smem_atom_k_major<Element, kHeadDim>());
   using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
   using SmemLayoutKV = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
@@ -69,15 +73,17 @@ struct FwdTraits {
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
 
-  // O's staging buffer, 64 rows per consumer warpgroup, where tile_table.h fwd_stages_o has it.
-  using StagedO = StagedTile<64, kHeadDim>;
+  // O's staging buffer, 64 rows per consumer warpgroup, where tile_table.h fwd_stages_o has it: in the swizzled
+  // layout of Q's tile, which the TMA store reads and the accumulator's pairs of columns fill without bank conflicts
+  // (each row's 16-byte chunks permuted by its row index mod 8).
+  using SmemLayoutO = decltype(tile_to_shape(SmemAtom{}, Shape<_64, Int<kHeadDim>>{}));
   static constexpr bool kStageO = fwd_stages_o(kHeadDim, kPlain_, kHooks_);
 
   struct SharedStorage {
     alignas(1024) Element q[cosize_v<SmemLayoutQ>];
     alignas(1024) Element k[cosize_v<SmemLayoutKV>];
     alignas(1024) Element v[cosize_v<SmemLayoutKV>];
-    alignas(16) Element o[kStageO ? kConsumerWarpgroups * StagedO::kElems : 8];
+    alignas(1024) Element o[kStageO ? kConsumerWarpgroups * cosize_v<SmemLayoutO> : 8];
     alignas(16) uint64_t barrier_q;
     alignas(8) uint64_t barrier_q_empty;  // the consumers' arrivals once a tile's products no longer read Q
     typename Pipeline::SharedStorage pipeline_k;
@@ -90,6 +96,10 @@ struct FwdTraits {
   using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQ{}, select<0, 2>(TileShape{}), _1{}));
   using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutKV{}),
                                        select<1, 2>(TileShape{}), _1{}));
+  // O out of its staging buffer, 64 rows (one consumer warpgroup's) per store; rows and columns past the tensor's
+  // extents (the sequence's last block, a head dim below the bucket) are not written.
+  using TmaO = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemTensor{}, SmemLayoutO{}, Shape<_64, Int<kHeadDim>>{},
+                                      _1{}));
   static constexpr uint32_t kBytesQ = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kBytesKV = kBlockN * kHeadDim * sizeof(Element);
 };
