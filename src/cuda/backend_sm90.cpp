@@ -41,7 +41,8 @@ void check_tma_strides(const AttnParams& p, Reasons& why) {
   const Operand ops[] = {{"q", p.q_stride, p.heads_q},
                          {"k", p.k_stride, p.heads_kv},
                          {"v", p.v_stride, p.heads_kv},
-                         p.is_backward() ? Operand{"dout", p.dout_stride, p.heads_q} : Operand{"out", p.out_stride, p.heads_q}};
+                         p.is_backward() ? Operand{"dout", p.dout_stride, p.heads_q}
+                                         : Operand{"out", p.out_stride, p.heads_q}};
   const bool batched = !p.is_varlen() && p.batch > 1;
   for (const Operand& o : ops) {
     if (o.s.row <= 0 || (o.heads > 1 && o.s.head <= 0) || (batched && o.s.batch <= 0)) {
@@ -116,7 +117,8 @@ class CudaSm90 final : public Backend {
         << (kind == Kind::plain ? "blocks fastest" : "longest first")
         << " smem<=" << sm90::fwd_smem_bytes(bucket, plain, kind == Kind::hooks) << "B"
         << (sm90::fwd_stages_o(bucket, plain, kind == Kind::hooks)
-                ? (p.is_varlen() ? " O staged in shared memory, 16-byte stores (varlen)" : " O staged in shared memory, TMA store")
+                ? (p.is_varlen() ? " O staged in shared memory, 16-byte stores (varlen)"
+                                 : " O staged in shared memory, TMA store")
                 : " O stored from registers");
     } else {
       const sm90::BwdTile t = sm90::bwd_tile(bwd_hdim_of(p));

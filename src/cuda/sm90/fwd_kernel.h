@@ -379,9 +379,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     }
     if constexpr (Traits::kStageO) {
       const int wg = warpgroup - 1, r0 = wg * 64;
-      // The buffer's offset is made opaque to the optimiser, so that the stmatrix addresses below (loop-invariant)
-      // and the thread's place in it are computed here, not hoisted out of the tile loop into registers the mainloop needs (hdim 64's kernel,
-      // three consumer warpgroups of 160 registers, spilled 72 bytes with them hoisted).
+      // The buffer's offset and the thread's place in it are made opaque to the optimiser, so that the stmatrix
+      // addresses below (loop-invariant) are computed here, not hoisted out of the tile loop into registers the
+      // mainloop needs (hdim 64's kernel, three consumer warpgroups of 160 registers, spilled 72 bytes with them
+      // hoisted).
       int o_offset = wg * cosize_v<typename Traits::SmemLayoutO>, wg_tid = tidx % 128;
       asm volatile("" : "+r"(o_offset), "+r"(wg_tid));
       Tensor sO = make_tensor(make_smem_ptr(ss.o + o_offset), typename Traits::SmemLayoutO{});

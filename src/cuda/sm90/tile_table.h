@@ -94,9 +94,10 @@ inline constexpr int kProducerRegs = 24;
 constexpr int consumer_regs(int consumers) { return consumers == 3 ? 160 : 240; }
 
 // Shared memory of the forward (a bound; traits.h has the exact size): Q, the K and V rings and the barriers, and
-// O's staging buffer (traits.h: block_m rows of hdim elements in Q's swizzled layout, which the TMA store reads) where it fits beside them, except in the
-// score-hook variant, whose kernel spilled 68 bytes with O staged against 8 from registers. The one rule for where
-// O is staged: traits.h sizes the buffer by it, fwd_kernel.h's epilogue and the plan's report follow it.
+// O's staging buffer (traits.h: block_m rows of hdim elements in Q's swizzled layout, which the TMA store reads)
+// where it fits beside them, except in the score-hook variant, whose kernel spilled 68 bytes with O staged against
+// 8 from registers. The one rule for where O is staged: traits.h sizes the buffer by it, fwd_kernel.h's epilogue
+// and the plan's report follow it.
 constexpr int fwd_core_smem_bytes(int hdim, bool plain, bool hooks) {
   return (fwd_block_m(hdim, hooks) + 2 * fwd_tile(hdim).stages * fwd_block_n(hdim, plain)) * hdim * 2 + 1024;
 }

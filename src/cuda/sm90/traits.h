@@ -74,8 +74,8 @@ struct FwdTraits {
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
 
   // O's staging buffer, 64 rows per consumer warpgroup, where tile_table.h fwd_stages_o has it: in the swizzled
-  // layout of Q's tile, which the TMA store reads and the accumulator's pairs of columns fill without bank conflicts
-  // (each row's 16-byte chunks permuted by its row index mod 8).
+  // layout of Q's tile, which the TMA store reads and stmatrix fills without bank conflicts (each row's 16-byte
+  // chunks permuted by its row index mod 8).
   using SmemLayoutO = decltype(tile_to_shape(SmemAtom{}, Shape<_64, Int<kHeadDim>>{}));
   static constexpr bool kStageO = fwd_stages_o(kHeadDim, kPlain_, kHooks_);
 
