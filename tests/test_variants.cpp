@@ -128,6 +128,23 @@ std::vector<VarCase> variant_cases() {
     c.data_scale = 3.0;
     add(c);
   }
+  {  // long windowed and causal sequences, D = 128 and 64: the float32 forward's grouped query tiles
+     // (tile_config.h group_q) each see their own key tiles, some of the group's tiles none of a key tile
+    VarCase c;
+    c.label = "long_window_d128";
+    c.sq = 700;
+    c.sk = 650;
+    c.d = c.dv = 128;
+    c.window = {90, 30};
+    add(c);
+    c.label = "long_varlen_causal_window_d64";
+    c.lens_q = {600, 300};
+    c.lens_k = {620, 290};
+    c.d = c.dv = 64;
+    c.causal = true;
+    c.window = {150, -1};
+    add(c);
+  }
   {  // everything at once
     VarCase c;
     c.label = "varlen_window_softcap_alibi_sinks_gqa";

@@ -65,6 +65,7 @@ class CpuFlash final : public Backend {
     k.block_k = t.block_k;
     k.threads = cpu::resolve_threads(p.num_threads);
     k.detail = std::string("dtype=") + std::string(dtype_name(p.dtype)) + " accumulate=float32";
+    if (t.group_q > 1) k.detail += " query_tiles_per_key_pass=" + std::to_string(t.group_q);
     if (p.kvcache) {
       const cpu::DecodePlan d = cpu::decode_plan(p, k.threads);
       k.kernel = "cpu_flash_decode";

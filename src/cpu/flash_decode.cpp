@@ -113,16 +113,9 @@ void qk_rows(const float* q, int ldq, int d, const T* const* kp, int j0, int j1,
         for (int u = 0; u < NJ; ++u) a[r][u] = simd::fma(qv, kv[u], a[r][u]);
       }
     }
-#if FT_SIMD_WIDTH == 8
-    if constexpr (NR * NJ == 8) {  // all eight at once (simd.h reduce_add8): lane r * NJ + u is sum[r][u]
-      simd::store(&sum[0][0], simd::reduce_add8(&a[0][0]));
-    } else
-#elif FT_SIMD_WIDTH == 16
-    if constexpr (NR * NJ == 16) {  // all sixteen at once (simd.h reduce_add16), as reduce_add8 above
-      simd::store(&sum[0][0], simd::reduce_add16(&a[0][0]));
-    } else
-#endif
-    {
+    if constexpr (NR * NJ == simd::W) {  // all at once (simd.h reduce_lanes): lane r * NJ + u is sum[r][u]
+      simd::store(&sum[0][0], simd::reduce_add_lanes(&a[0][0]));
+    } else {
       for (int r = 0; r < NR; ++r)
         for (int u = 0; u < NJ; ++u) sum[r][u] = simd::reduce_add(a[r][u]);
     }

@@ -44,18 +44,22 @@ PhaseTotals g_phases{FT_PHASE_STR(FT_ISA_NS) " float32 forward"};
 // whole-head [D][Sk] layout puts the rows a power-of-two apart, which maps them onto one L1 set and one
 // TLB entry each. The cache grows lazily with the keys the tiles need and is linear in Sk (8 MiB per
 // thread at Sk = 8192, D = 128), never Sq × Sk.
+//
+// A task step works on a group of query tiles (TileConfig::group_q): each key tile is read from the cache once
+// for the whole group and stays in L2 while every query tile of it passes over it. q, acc, m, l, alpha hold the
+// group's rows; s, pv, lo, hi one query tile's.
 struct FwdScratch {
-  int bq, bk, d, dv, ldq, ldv;
+  int bq, bk, group, d, dv, ldq, ldv;
   std::int64_t n_kt;  // key tiles
-  Scratch<float> q, s, acc, pv, m, l, kt, v;  // pv: one key tile's P·V
+  Scratch<float> q, s, acc, pv, m, l, alpha, kt, v;  // pv: one key tile's P·V (bounded tiles); alpha: rows' rescale
   Scratch<int> lo, hi;  // visible keys [lo, hi) of each row in the current (partial) key tile
   std::int64_t cached_b = -1, cached_hk = -1, conv_lo = 0, conv_hi = 0;  // the KV head in kt / v, its keys done
   FwdScratch(TileConfig t, int d_, int dv_, std::int64_t sk)
-      : bq(t.block_q), bk(t.block_k), d(d_), dv(dv_), ldq(padded(d_)), ldv(padded(dv_)),
-        n_kt((sk + t.block_k - 1) / t.block_k), q(zeroed<float>(static_cast<std::int64_t>(bq) * ldq)),
-        s(zeroed<float>(static_cast<std::int64_t>(bq) * bk)), acc(zeroed<float>(static_cast<std::int64_t>(bq) * ldv)),
-        pv(zeroed<float>(static_cast<std::int64_t>(bq) * ldv)), m(zeroed<float>(bq)),
-        l(zeroed<float>(bq)), kt(zeroed<float>(n_kt * d * bk)), v(zeroed<float>(n_kt * bk * ldv)),
+      : bq(t.block_q), bk(t.block_k), group(t.group_q), d(d_), dv(dv_), ldq(padded(d_)), ldv(padded(dv_)),
+        n_kt((sk + t.block_k - 1) / t.block_k), q(zeroed<float>(std::int64_t{group} * bq * ldq)),
+        s(zeroed<float>(std::int64_t{bq} * bk)), acc(zeroed<float>(std::int64_t{group} * bq * ldv)),
+        pv(zeroed<float>(std::int64_t{bq} * ldv)), m(zeroed<float>(group * bq)), l(zeroed<float>(group * bq)),
+        alpha(zeroed<float>(group * bq)), kt(zeroed<float>(n_kt * d * bk)), v(zeroed<float>(n_kt * bk * ldv)),
         lo(zeroed<int>(bq)), hi(zeroed<int>(bq)) {}
   // The Kᵀ block of the key tile that starts at key k0: [d][bk].
   float* kt_tile(std::int64_t k0) { return kt.get() + (k0 / bk) * d * bk; }
@@ -87,11 +91,66 @@ void convert_keys(const AttnParams& p, FwdScratch& w, std::int64_t b, std::int64
   if (k_hi > w.conv_hi) convert(w.conv_hi, k_hi), w.conv_hi = k_hi;
 }
 
-template <class T>
-void forward_tile(const AttnParams& p, FwdScratch& w, std::int64_t b, std::int64_t h, const HeadInfo& head,
-                  std::int64_t q0) {
+// The next key tile's Kᵀ and V, requested toward L2 a slice per row during a softmax (tile_ops.h, prefetch_slice).
+// Only without grouping (group_q = 1, the AVX2 tiles): there each key tile comes from L3 once per query tile, and
+// with the head's K/V cache in L3 (S = 4096, D = 128: 4 MiB) the key-tile loop ran at 39–43 GFLOP/s median on one
+// core of the AVX2 EPYC without it and 50–52 with it (interleaved micro-benchmark of the loop, 400 runs each). On
+// the AMX Xeon it made the float32 forward 4–7 % slower, its requests stalling the softmax (2 threads, one process,
+// S = 2048 / 8192, D = 64 / 128), and grouped query tiles read a key tile from L2 but for the first.
+struct NextTile {
+  const float* kt = nullptr;
+  const float* v = nullptr;
+  std::int64_t kt_bytes = 0, v_bytes = 0;
+  [[gnu::always_inline]] void fetch(int part, int parts) const {
+    if (kt == nullptr) return;
+    prefetch_slice(kt, kt_bytes, part, parts);
+    prefetch_slice(v, v_bytes, part, parts);
+  }
+};
+
+// Key tile [k0, k0 + n) for query rows [q0, q0 + rows), whose Q rows, output rows and running max / sum start at
+// row r0 of the group's scratch.
+void key_tile_step(FwdScratch& w, const HeadInfo& head, std::int64_t q0, int r0, int rows, std::int64_t k0, int n,
+                   const NextTile& next, PhaseTimer& clock) {
   const int d = w.d, dv = w.dv, bk = w.bk;
-  const int rows = static_cast<int>(std::min<std::int64_t>(w.bq, head.seq.seqlen_q - q0));
+  const std::int64_t qoff = std::int64_t{r0} * w.ldq, aoff = std::int64_t{r0} * w.ldv;
+  const bool needs_mask = head.mask.tile(q0, rows, k0, n) == detail::TileMask::partial;
+  // In a short last tile the padded columns past n are keys that do not exist: zeros, never read.
+  clock.skip();
+  gemm_nn(rows, padded(n), d, w.q.get() + qoff, w.ldq, w.kt_tile(k0), bk, w.s.get(), bk, false);
+  clock.mark(kPhaseQK);
+  for (int r = 0; r < rows; ++r) {
+    next.fetch(r, rows);
+    float* sr = w.s.get() + static_cast<std::int64_t>(r) * bk;
+    score_row(head.hook, q0 + r, k0, sr, n);
+    if (needs_mask) {
+      const TileKeys vis = mask_row(head.mask, q0 + r, k0, n, sr);
+      w.lo[r] = vis.begin;
+      w.hi[r] = vis.end;
+    }
+  }
+  online_softmax_rows(w.s.get(), bk, rows, n, w.m.get() + r0, w.l.get() + r0, w.alpha.get() + r0);
+  clock.mark(kPhaseSoftmax);
+  // The rows' rescale and this key tile's P·V in one pass over the output rows (tile_ops.h, rescale_add_pv). The
+  // tile's product is summed on its own before it meets acc: accumulating every key tile straight into the
+  // output made one running float sum over all Sk keys, whose rounding dominated the error (S=4096, D=128: max
+  // error 2.5e-7 against standard attention's 6.9e-8, which sums in blocks; two levels: 7.1e-8).
+  // A partial tile passes its rows' key bounds only when a value row of the tile is not finite: otherwise
+  // the masked P entries are exact zeros and the SIMD kernel takes the whole tile (tile_ops.h).
+  const float* vt = w.v.get() + k0 * w.ldv;
+  const bool bounded = needs_mask && !all_finite(vt, n, dv, w.ldv);
+  rescale_add_pv(rows, w.ldv, n, w.s.get(), bk, vt, w.ldv, w.acc.get() + aoff, w.ldv, w.alpha.get() + r0, w.pv.get(),
+                 bounded ? w.lo.get() : nullptr, bounded ? w.hi.get() : nullptr);
+  clock.mark(kPhasePV);
+}
+
+// The query rows [q0, q0 + group · bq) (or to the sequence's end): every key tile any of them sees, in order, and
+// for each the query tiles that see it.
+template <class T>
+void forward_group(const AttnParams& p, FwdScratch& w, std::int64_t b, std::int64_t h, const HeadInfo& head,
+                   std::int64_t q0) {
+  const int d = w.d, bk = w.bk, bq = w.bq;
+  const int rows = static_cast<int>(std::min<std::int64_t>(std::int64_t{w.group} * bq, head.seq.seqlen_q - q0));
   const std::int64_t hk = h / p.group();
   const float qscale = p.softmax_scale;
 
@@ -103,60 +162,32 @@ void forward_tile(const AttnParams& p, FwdScratch& w, std::int64_t b, std::int64
     start_row(head, w.m[r], w.l[r]);
     std::fill_n(w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.ldv, 0.0f);
   }
-  const KeyWalk walk(head, q0, rows, bk);
-
-  convert_keys<T>(p, w, b, head.seq.k_row0, hk, walk.tiles.begin * bk, walk.end);
-  for (std::int64_t kt = walk.tiles.begin; kt < walk.tiles.end; ++kt) {
-    const std::int64_t k0 = kt * bk;
-    const int n = walk.width(k0, bk);
-    const bool needs_mask = head.mask.tile(q0, rows, k0, n) == detail::TileMask::partial;
-    // In a short last tile the padded columns past n are keys that do not exist: zeros, never read.
-    clock.skip();
-    gemm_nn(rows, padded(n), d, w.q.get(), w.ldq, w.kt_tile(k0), bk, w.s.get(), bk, false);
-    clock.mark(kPhaseQK);
-    // The next key tile's Kᵀ and V, requested toward L2 a slice per row (tile_ops.h, prefetch_slice).
-    const std::int64_t next_n = kt + 1 < walk.tiles.end ? walk.width(k0 + bk, bk) : 0;
-    const float* next_kt = next_n > 0 ? w.kt_tile(k0 + bk) : nullptr;
-    const float* next_v = next_n > 0 ? w.v.get() + (k0 + bk) * w.ldv : nullptr;
-    for (int r = 0; r < rows; ++r) {
-      if (next_kt != nullptr) {
-        prefetch_slice(next_kt, 4LL * d * bk, r, rows);
-        prefetch_slice(next_v, 4 * next_n * w.ldv, r, rows);
-      }
-      float* sr = w.s.get() + static_cast<std::int64_t>(r) * bk;
-      score_row(head.hook, q0 + r, k0, sr, n);
-      if (needs_mask) {
-        const TileKeys vis = mask_row(head.mask, q0 + r, k0, n, sr);
-        w.lo[r] = vis.begin;
-        w.hi[r] = vis.end;
-      }
-      online_softmax_row(sr, n, w.m[r], w.l[r], w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, dv);
+  const KeyWalk all(head, q0, rows, bk);
+  convert_keys<T>(p, w, b, head.seq.k_row0, hk, all.tiles.begin * bk, all.end);
+  for (std::int64_t kt = all.tiles.begin; kt < all.tiles.end; ++kt) {
+    NextTile next;
+    if (w.group == 1 && kt + 1 < all.tiles.end) {
+      const std::int64_t k1 = (kt + 1) * bk;
+      next = {w.kt_tile(k1), w.v.get() + k1 * w.ldv, 4LL * d * bk, 4LL * all.width(k1, bk) * w.ldv};
     }
-    clock.mark(kPhaseSoftmax);
-    // P·V of this key tile into its own tile, then added to the output rows: accumulating every key tile
-    // straight into the output made one running float sum over all Sk keys, whose rounding dominated the
-    // error (S=4096, D=128: max error 2.5e-7 against standard attention's 6.9e-8, which sums in blocks;
-    // two levels: 7.1e-8). The extra pass measured no slower (1 thread, S=2048, D=128, interleaved).
-    // A partial tile passes its rows' key bounds only when a value row of the tile is not finite: otherwise
-    // the masked P entries are exact zeros and the SIMD kernel takes the whole tile (tile_ops.h).
-    const float* vt = w.v.get() + k0 * w.ldv;
-    const bool bounded = needs_mask && !all_finite(vt, n, dv, w.ldv);
-    gemm_nn(rows, w.ldv, n, w.s.get(), bk, vt, w.ldv, w.pv.get(), w.ldv, false, bounded ? w.lo.get() : nullptr,
-            bounded ? w.hi.get() : nullptr);
-    add_rows(rows, w.ldv, w.pv.get(), w.acc.get());
-    clock.mark(kPhasePV);
+    for (int r0 = 0; r0 < rows; r0 += bq) {
+      const int tile_rows = std::min(bq, rows - r0);
+      const KeyWalk walk(head, q0 + r0, tile_rows, bk);
+      if (kt < walk.tiles.begin || kt >= walk.tiles.end) continue;
+      key_tile_step(w, head, q0 + r0, r0, tile_rows, kt * bk, walk.width(kt * bk, bk), next, clock);
+    }
   }
-
-  write_output_rows<T>(p, head, b, h, q0, rows, w.acc.get(), w.ldv, w.m.get(), w.l.get(), dv);
+  write_output_rows<T>(p, head, b, h, q0, rows, w.acc.get(), w.ldv, w.m.get(), w.l.get(), w.dv);
 }
 
 template <class T>
 void forward_typed(const AttnParams& p, TileConfig tile, int threads) {
   const int d = static_cast<int>(p.hdim), dv = static_cast<int>(p.hdim_v);
   forward_tasks(
-      p, tile, threads, [&] { return FwdScratch(tile, d, dv, p.seqlen_k); },
+      p, TileConfig{tile.block_q * tile.group_q, tile.block_k}, threads,
+      [&] { return FwdScratch(tile, d, dv, p.seqlen_k); },
       [&](FwdScratch& w, std::int64_t b, std::int64_t h, const HeadInfo& head, std::int64_t q0) {
-        forward_tile<T>(p, w, b, h, head, q0);
+        forward_group<T>(p, w, b, h, head, q0);
       });
 }
 

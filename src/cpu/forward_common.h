@@ -58,21 +58,50 @@ inline void start_row(const HeadInfo& head, float& m, float& l) {
   l = head.sink > kNegInf ? 1.0f : 0.0f;
 }
 
-// One step of the online softmax for one query row whose tile has the score max mx (natural units): the new
-// running max m absorbs it, exps(m_ref) turns the row's scores into P = e^(s − m_ref) and returns their sum, the
-// running sum l absorbs the tile, and the output row acc[0, dv) is rescaled when the max moved. A +inf score
-// makes m = +inf and P = e^(inf − inf) = NaN, a NaN score a NaN P: either way l and the row turn NaN, as the
-// semantics ask.
+// The online softmax's arithmetic on one row (float) or on W rows at once (simd::V, a row per lane), so that
+// online_softmax_absorb below is the one definition of the step for both.
+namespace rowops {
+inline float splat(float x, float) { return x; }
+inline float larger(float a, float b) { return a > b ? a : b; }  // b when either is NaN, as simd::max
+inline float zero_where_neg_inf(float a) { return a == kNegInf ? 0.0f : a; }
+inline float pow2(float x) { return exp2_fast(x); }
+inline float mul(float a, float b) { return a * b; }
+inline float add(float a, float b) { return a + b; }
+inline float sub(float a, float b) { return a - b; }
+#if FT_SIMD_WIDTH
+inline simd::V splat(float x, simd::V) { return simd::set1(x); }
+inline simd::V larger(simd::V a, simd::V b) { return simd::max(a, b); }
+inline simd::V pow2(simd::V x) { return simd::exp2(x); }
+using simd::add;
+using simd::mul;
+using simd::sub;
+using simd::zero_where_neg_inf;
+#endif
+}  // namespace rowops
+
+// One step of the online softmax for one query row (or W rows, T = simd::V) whose tile has the score max mx
+// (natural units): the new running max m absorbs it, exps(m_ref) turns the row's scores into P = e^(s − m_ref)
+// and returns their sum, and the running sum l absorbs the tile. Returns alpha, the factor the row's output
+// accumulator must be rescaled by (1 when the max did not move). A +inf score makes m = +inf and
+// P = e^(inf − inf) = NaN, a NaN score a NaN P: either way l and the row turn NaN, as the semantics ask.
+template <class T, class Exps>
+inline T online_softmax_absorb(T mx, T& m, T& l, Exps exps) {
+  using namespace rowops;
+  const T m_old = m;
+  const T m_new = larger(mx, m_old);
+  // All keys so far −inf: keep exponentials at e^(−inf) = 0 instead of e^(−inf − −inf) = NaN.
+  const T m_ref = zero_where_neg_inf(m_new);
+  const T sum = exps(m_ref);
+  const T alpha = pow2(mul(sub(m_old, m_ref), splat(kLog2e, mx)));
+  l = add(mul(l, alpha), sum);
+  m = m_new;
+  return alpha;
+}
+
+// The step with the output row acc[0, dv) rescaled at once.
 template <class Exps>
 inline void online_softmax_step(float mx, float& m, float& l, float* acc, int dv, Exps exps) {
-  const float m_old = m;
-  const float m_new = mx > m_old ? mx : m_old;
-  // All keys so far −inf: keep exponentials at e^(−inf) = 0 instead of e^(−inf − −inf) = NaN.
-  const float m_ref = m_new == kNegInf ? 0.0f : m_new;
-  const float sum = exps(m_ref);
-  const float alpha = exp2_fast((m_old - m_ref) * kLog2e);
-  l = l * alpha + sum;
-  m = m_new;
+  const float alpha = online_softmax_absorb(mx, m, l, exps);
   if (alpha != 1.0f) scale_row(acc, dv, alpha);
 }
 
@@ -80,6 +109,37 @@ inline void online_softmax_step(float mx, float& m, float& l, float* acc, int dv
 // become P in place.
 inline void online_softmax_row(float* sr, int n, float& m, float& l, float* acc, int dv) {
   online_softmax_step(row_max(sr, n), m, l, acc, dv, [&](float m_ref) { return exp_row(sr, n, m_ref); });
+}
+
+// The step for rows [0, rows) of a score tile s (rows lds floats apart, scores [0, n) in natural units, masked
+// entries −inf), which become P in place; m and l absorb the tile and alpha[r] is row r's rescale, left to the
+// caller (tile_ops.h, rescale_add_pv). W rows go at once where n is a whole number of vectors: their maxima and
+// sums reduced together (simd.h, reduce_lanes) and the running values updated a row per lane, where one row at a
+// time is a chain of reductions and scalar steps (softmax: 21 % of the float32 forward's time at D = 128).
+inline void online_softmax_rows(float* s, int lds, int rows, int n, float* m, float* l, float* alpha) {
+  int r = 0;
+#if FT_SIMD_WIDTH
+  using simd::V;
+  for (; n % simd::W == 0 && r + simd::W <= rows; r += simd::W) {
+    float* s0 = s + static_cast<std::int64_t>(r) * lds;
+    V part[simd::W];
+    for (int i = 0; i < simd::W; ++i) part[i] = row_max_lanes(s0 + static_cast<std::int64_t>(i) * lds, n);
+    V mv = simd::load(m + r), lv = simd::load(l + r);
+    const V av = online_softmax_absorb(simd::reduce_max_lanes(part), mv, lv, [&](V m_ref) {
+      alignas(64) float ref[simd::W];
+      simd::store(ref, m_ref);
+      for (int i = 0; i < simd::W; ++i) part[i] = exp_row_lanes(s0 + static_cast<std::int64_t>(i) * lds, n, ref[i]);
+      return simd::reduce_add_lanes(part);
+    });
+    simd::store(m + r, mv);
+    simd::store(l + r, lv);
+    simd::store(alpha + r, av);
+  }
+#endif
+  for (; r < rows; ++r) {
+    float* sr = s + static_cast<std::int64_t>(r) * lds;
+    alpha[r] = online_softmax_absorb(row_max(sr, n), m[r], l[r], [&](float m_ref) { return exp_row(sr, n, m_ref); });
+  }
 }
 
 // O = acc / l and LSE = m + log l (natural units) for rows [q0, q0 + rows) of head (b, h). A row that sees no

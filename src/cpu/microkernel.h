@@ -5,6 +5,9 @@
 // ports, set the pace. n must be a multiple of the vector width W: every scratch tile has its leading
 // dimension padded to 16 floats with zeros in the padding (tile_config.h), so the pad columns compute
 // harmless zeros and no tail code is needed.
+// With `scale` (one factor per row of C) a block computes C[i][n] = C[i][n]·scale[i] + Σ_p A(i, p)·B[p][n]: the sum
+// starts from zero in registers and meets C only at the store, as a separate multiply and add, so the result is
+// bitwise that of scaling C, forming the product in a tile of its own and adding it.
 #pragma once
 
 #include "cpu/isa_namespace.h"
@@ -26,16 +29,22 @@ constexpr int kMR = 6, kNV = 2;  // 12 accumulators + 2 B vectors + 1 broadcast 
 
 template <bool kTransA, int MR, int NV>
 inline void block(int k, const float* __restrict a, int lda, const float* __restrict b, int ldb, float* __restrict c,
-                  int ldc, bool accumulate) {
+                  int ldc, bool accumulate, const float* __restrict scale) {
   V acc[MR][NV];
   for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) acc[r][v] = accumulate ? load(c + r * ldc + v * W) : set1(0.0f);
+    for (int v = 0; v < NV; ++v) acc[r][v] = accumulate && scale == nullptr ? load(c + r * ldc + v * W) : set1(0.0f);
   for (int p = 0; p < k; ++p) {
     V bv[NV];
     for (int v = 0; v < NV; ++v) bv[v] = load(b + static_cast<std::int64_t>(p) * ldb + v * W);
     for (int r = 0; r < MR; ++r) {
       const V av = set1(kTransA ? a[static_cast<std::int64_t>(p) * lda + r] : a[static_cast<std::int64_t>(r) * lda + p]);
       for (int v = 0; v < NV; ++v) acc[r][v] = fma(av, bv[v], acc[r][v]);
+    }
+  }
+  if (scale != nullptr) {
+    for (int r = 0; r < MR; ++r) {
+      const V sr = set1(scale[r]);
+      for (int v = 0; v < NV; ++v) acc[r][v] = add(mul(load(c + r * ldc + v * W), sr), acc[r][v]);
     }
   }
   for (int r = 0; r < MR; ++r)
@@ -45,10 +54,10 @@ inline void block(int k, const float* __restrict a, int lda, const float* __rest
 // Rows [0, MR') of a block with MR' < kMR, chosen at run time.
 template <bool kTransA, int NV, int MR = kMR - 1>
 inline void block_rows(int rows, int k, const float* a, int lda, const float* b, int ldb, float* c, int ldc,
-                       bool accumulate) {
+                       bool accumulate, const float* scale) {
   if constexpr (MR >= 1) {
-    if (rows == MR) return block<kTransA, MR, NV>(k, a, lda, b, ldb, c, ldc, accumulate);
-    return block_rows<kTransA, NV, MR - 1>(rows, k, a, lda, b, ldb, c, ldc, accumulate);
+    if (rows == MR) return block<kTransA, MR, NV>(k, a, lda, b, ldb, c, ldc, accumulate, scale);
+    return block_rows<kTransA, NV, MR - 1>(rows, k, a, lda, b, ldb, c, ldc, accumulate, scale);
   }
 }
 
@@ -57,16 +66,17 @@ inline void block_rows(int rows, int k, const float* a, int lda, const float* b,
 // for each row block (Kᵀ 32 KiB, V 32 KiB: the size of L1 on its own).
 template <bool kTransA>
 inline void gemm(int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c, int ldc,
-                 bool accumulate) {
+                 bool accumulate, const float* scale = nullptr) {
   auto rows_over = [&]<int NV>(int j0) {
     for (int i0 = 0; i0 < m; i0 += kMR) {
       const int rows = m - i0 < kMR ? m - i0 : kMR;
       const float* ai = kTransA ? a + i0 : a + static_cast<std::int64_t>(i0) * lda;
       float* ci = c + static_cast<std::int64_t>(i0) * ldc + j0;
+      const float* si = scale != nullptr ? scale + i0 : nullptr;
       if (rows == kMR) {
-        block<kTransA, kMR, NV>(k, ai, lda, b + j0, ldb, ci, ldc, accumulate);
+        block<kTransA, kMR, NV>(k, ai, lda, b + j0, ldb, ci, ldc, accumulate, si);
       } else {
-        block_rows<kTransA, NV>(rows, k, ai, lda, b + j0, ldb, ci, ldc, accumulate);
+        block_rows<kTransA, NV>(rows, k, ai, lda, b + j0, ldb, ci, ldc, accumulate, si);
       }
     }
   };

@@ -72,6 +72,10 @@ inline V sign_of(V mag, V x) {  // |mag| with the sign bit of x
 inline V select_lt(V a, V b, V x, V y) {  // x where a < b, else y (a NaN: y)
   return {_mm512_mask_mov_ps(y.v, _mm512_cmp_ps_mask(a.v, b.v, _CMP_LT_OQ), x.v)};
 }
+inline V zero_where_neg_inf(V a) {
+  return {_mm512_mask_mov_ps(a.v, _mm512_cmp_ps_mask(a.v, _mm512_set1_ps(-__builtin_inff()), _CMP_EQ_OQ),
+                             _mm512_setzero_ps())};
+}
 // Whether |x[j]| < bound for every j < n (n a multiple of 16); false when one is NaN.
 inline bool all_abs_below(const float* x, int n, float bound) {
   const __m512 b = _mm512_set1_ps(bound);
@@ -85,22 +89,23 @@ inline V load_bf16(const std::uint16_t* p) {
   return {_mm512_castsi512_ps(_mm512_slli_epi32(x, 16))};
 }
 inline V load_f16(const std::uint16_t* p) { return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))}; }
-// The sixteen horizontal sums of a[0..16) as one vector, lane i = Σ a[i]: pairs of vectors halve per level
-// (in-lane unpacks twice, then 128-bit blocks twice), 45 instructions where sixteen reduce_add take 128 (the
-// decode kernel's dot products).
-inline V reduce_add16(const V* a) {
-  __m512 s[8], t[4], u[2];
-  for (int i = 0; i < 8; ++i)  // per 128-bit block: [a0, a1, a0, a1] partial sums of a[2i], a[2i+1]
-    s[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i].v, a[2 * i + 1].v), _mm512_unpackhi_ps(a[2 * i].v, a[2 * i + 1].v));
+// The sixteen horizontal reductions of a[0..16) by op (add or max) as one vector, lane i = op over a[i]'s lanes:
+// pairs of vectors halve per level (in-lane unpacks twice, then 128-bit blocks twice), 45 instructions where
+// sixteen reduce_add take 128 (the decode kernel's dot products, the forward's row maxima and sums).
+template <class Op>
+inline V reduce_lanes(const V* a, Op op) {
+  V s[8], t[4], u[2];
+  for (int i = 0; i < 8; ++i)  // per 128-bit block: [a0, a1, a0, a1] partial results of a[2i], a[2i+1]
+    s[i] = op(V{_mm512_unpacklo_ps(a[2 * i].v, a[2 * i + 1].v)}, V{_mm512_unpackhi_ps(a[2 * i].v, a[2 * i + 1].v)});
   for (int i = 0; i < 4; ++i) {  // per block: [a0, a1, a2, a3] of a[4i ..]
-    const __m512d x = _mm512_castps_pd(s[2 * i]), y = _mm512_castps_pd(s[2 * i + 1]);
-    t[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    const __m512d x = _mm512_castps_pd(s[2 * i].v), y = _mm512_castps_pd(s[2 * i + 1].v);
+    t[i] = op(V{_mm512_castpd_ps(_mm512_unpacklo_pd(x, y))}, V{_mm512_castpd_ps(_mm512_unpackhi_pd(x, y))});
   }
   for (int i = 0; i < 2; ++i)  // blocks 0 + 1 and 2 + 3 of t[2i], then of t[2i + 1]
-    u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-  return {_mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                        _mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)))};
+    u[i] = op(V{_mm512_shuffle_f32x4(t[2 * i].v, t[2 * i + 1].v, _MM_SHUFFLE(2, 0, 2, 0))},
+              V{_mm512_shuffle_f32x4(t[2 * i].v, t[2 * i + 1].v, _MM_SHUFFLE(3, 1, 3, 1))});
+  return op(V{_mm512_shuffle_f32x4(u[0].v, u[1].v, _MM_SHUFFLE(2, 0, 2, 0))},
+            V{_mm512_shuffle_f32x4(u[0].v, u[1].v, _MM_SHUFFLE(3, 1, 3, 1))});
 }
 // out[2i] = a[i], out[2i + 1] = b[i] for i < 32 (16-bit elements): two rows as the pairs of a bf16 tile product's
 // operand, one two-source permute per 32 outputs.
@@ -186,6 +191,10 @@ inline V div(V a, V b) { return {_mm256_div_ps(a.v, b.v)}; }
 inline V abs(V a) { return {_mm256_andnot_ps(_mm256_set1_ps(-0.0f), a.v)}; }
 inline V sign_of(V mag, V x) { return {_mm256_or_ps(mag.v, _mm256_and_ps(_mm256_set1_ps(-0.0f), x.v))}; }
 inline V select_lt(V a, V b, V x, V y) { return {_mm256_blendv_ps(y.v, x.v, _mm256_cmp_ps(a.v, b.v, _CMP_LT_OQ))}; }
+inline V zero_where_neg_inf(V a) {
+  const __m256 neg_inf = _mm256_cmp_ps(a.v, _mm256_set1_ps(-__builtin_inff()), _CMP_EQ_OQ);
+  return {_mm256_blendv_ps(a.v, _mm256_setzero_ps(), neg_inf)};
+}
 inline bool all_abs_below(const float* x, int n, float bound) {  // n a multiple of 8
   const __m256 b = _mm256_set1_ps(bound);
   __m256 all = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
@@ -197,13 +206,18 @@ inline V load_bf16(const std::uint16_t* p) {
   return {_mm256_castsi256_ps(_mm256_slli_epi32(x, 16))};
 }
 inline V load_f16(const std::uint16_t* p) { return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))}; }
-// The eight horizontal sums of a[0..8) as one vector, lane i = Σ a[i]: a tree of hadds and one cross-lane add,
-// about a quarter of the instructions of eight reduce_add (the decode kernel's dot products).
-inline V reduce_add8(const V* a) {
-  const __m256 t0 = _mm256_hadd_ps(a[0].v, a[1].v), t1 = _mm256_hadd_ps(a[2].v, a[3].v);
-  const __m256 t2 = _mm256_hadd_ps(a[4].v, a[5].v), t3 = _mm256_hadd_ps(a[6].v, a[7].v);
-  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
-  return {_mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31))};
+// The eight horizontal reductions of a[0..8) by op as one vector, lane i = op over a[i]'s lanes: in-lane unpacks
+// of 32- then 64-bit elements, then the two 128-bit halves (as the AVX-512 one above).
+template <class Op>
+inline V reduce_lanes(const V* a, Op op) {
+  V s[4], t[2];
+  for (int i = 0; i < 4; ++i)  // per 128-bit half: [a0, a1, a0, a1] partial results of a[2i], a[2i+1]
+    s[i] = op(V{_mm256_unpacklo_ps(a[2 * i].v, a[2 * i + 1].v)}, V{_mm256_unpackhi_ps(a[2 * i].v, a[2 * i + 1].v)});
+  for (int i = 0; i < 2; ++i) {  // per half: [a0, a1, a2, a3] of a[4i ..]
+    const __m256d x = _mm256_castps_pd(s[2 * i].v), y = _mm256_castps_pd(s[2 * i + 1].v);
+    t[i] = op(V{_mm256_castpd_ps(_mm256_unpacklo_pd(x, y))}, V{_mm256_castpd_ps(_mm256_unpackhi_pd(x, y))});
+  }
+  return op(V{_mm256_permute2f128_ps(t[0].v, t[1].v, 0x20)}, V{_mm256_permute2f128_ps(t[0].v, t[1].v, 0x31)});
 }
 inline void load_bf16_pairs(const std::uint16_t* p, V& even, V& odd) {  // 16 values; as the AVX-512 one
   const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -216,6 +230,10 @@ inline void load_bf16_pairs(const std::uint16_t* p, V& even, V& odd) {  // 16 va
 
 #if FT_SIMD_WIDTH
 constexpr int W = FT_SIMD_WIDTH;
+
+// The W horizontal sums / maxima of a[0..W) as one vector (reduce_lanes).
+inline V reduce_add_lanes(const V* a) { return reduce_lanes(a, [](V x, V y) { return add(x, y); }); }
+inline V reduce_max_lanes(const V* a) { return reduce_lanes(a, [](V x, V y) { return max(x, y); }); }
 
 // 2^f for f in [-0.5, 0.5]: exp2_fast()'s polynomial (exp2.h), for exp2 and exp2_scalef below.
 inline V exp2_poly(V f) {

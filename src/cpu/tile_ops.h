@@ -93,15 +93,35 @@ inline bool all_finite(const float* x, int rows, int n, int ld) {
   return true;
 }
 
+#if FT_SIMD_WIDTH
+// Lane-wise max of x's W-float vectors [0, n / W) (n >= W).
+inline simd::V row_max_lanes(const float* x, int n) {
+  simd::V mv = simd::load(x);
+  for (int j = simd::W; j + simd::W <= n; j += simd::W) mv = simd::max(mv, simd::load(x + j));
+  return mv;
+}
+
+// exp_row (below) on x's vectors [0, n / W); returns the lane-wise sums.
+inline simd::V exp_row_lanes(float* x, int n, float sub) {
+  simd::V sv = simd::set1(0.0f);
+  const simd::V lv = simd::set1(kLog2e), bv = simd::set1(sub);
+  for (int j = 0; j + simd::W <= n; j += simd::W) {
+    const simd::V e = simd::exp2(simd::mul(simd::sub(simd::load(x + j), bv), lv));
+    simd::store(x + j, e);
+    sv = simd::add(sv, e);
+  }
+  return sv;
+}
+#endif
+
 // max_j x[j] (NaN-blind; a NaN reaches the output through exp2 and the sum instead).
 inline float row_max(const float* x, int n) {
   float m = -__builtin_inff();
   int j = 0;
 #if FT_SIMD_WIDTH
   if (n >= simd::W) {
-    simd::V mv = simd::load(x);
-    for (j = simd::W; j + simd::W <= n; j += simd::W) mv = simd::max(mv, simd::load(x + j));
-    m = simd::reduce_max(mv);
+    m = simd::reduce_max(row_max_lanes(x, n));
+    j = n / simd::W * simd::W;
   }
 #endif
   for (; j < n; ++j) m = x[j] > m ? x[j] : m;
@@ -118,14 +138,8 @@ inline float exp_row(float* x, int n, float sub) {
   float sum = 0.0f;
   int j = 0;
 #if FT_SIMD_WIDTH
-  simd::V sv = simd::set1(0.0f);
-  const simd::V lv = simd::set1(kLog2e), bv = simd::set1(sub);
-  for (; j + simd::W <= n; j += simd::W) {
-    const simd::V e = simd::exp2(simd::mul(simd::sub(simd::load(x + j), bv), lv));
-    simd::store(x + j, e);
-    sv = simd::add(sv, e);
-  }
-  sum = simd::reduce_add(sv);
+  sum = simd::reduce_add(exp_row_lanes(x, n, sub));
+  j = n / simd::W * simd::W;
 #endif
   for (; j < n; ++j) {
     x[j] = exp2_fast((x[j] - sub) * kLog2e);
@@ -154,6 +168,21 @@ inline void add_rows(int rows, int ld, const float* __restrict a, float* __restr
 
 inline void scale_row(float* x, int n, float a) {
   for (int j = 0; j < n; ++j) x[j] *= a;
+}
+
+// One key tile's step of the output rows: acc[i][0, n) = acc[i]·alpha[i] + Σ_p P[i][p]·V[p][0, n), p < k — the
+// online softmax's rescale and the tile's P·V. The tile's product is summed on its own before it is added (a
+// running sum over all keys rounds worse; flash_forward.cpp). The SIMD kernel does the three steps in one pass
+// over acc (microkernel.h, scale); with bounds, or without SIMD, they run one after the other through pv.
+inline void rescale_add_pv(int m, int n, int k, const float* p, int ldp, const float* v, int ldv, float* acc, int ldacc,
+                           const float* alpha, float* pv, const int* lo = nullptr, const int* hi = nullptr) {
+#if FT_SIMD_WIDTH
+  if (hi == nullptr && n % simd::W == 0) return simd::gemm<false>(m, n, k, p, ldp, v, ldv, acc, ldacc, false, alpha);
+#endif
+  for (int i = 0; i < m; ++i)
+    if (alpha[i] != 1.0f) scale_row(acc + static_cast<std::int64_t>(i) * ldacc, n, alpha[i]);
+  gemm_nn(m, n, k, p, ldp, v, ldv, pv, ldacc, false, lo, hi);
+  add_rows(m, ldacc, pv, acc);
 }
 
 FT_ISA_END
