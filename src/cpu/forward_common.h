@@ -111,29 +111,47 @@ inline void online_softmax_row(float* sr, int n, float& m, float& l, float* acc,
   online_softmax_step(row_max(sr, n), m, l, acc, dv, [&](float m_ref) { return exp_row(sr, n, m_ref); });
 }
 
+#if FT_SIMD_WIDTH
+// The step for W rows at once (lane i = row i): lanes_max(i) gives row i's scores' lane-wise maxima, lanes_exp(i,
+// m_ref) turns row i's scores into P and gives their lane-wise sums; the maxima and the sums of the W rows are
+// reduced together (simd.h, reduce_lanes) and the running values m[0, W), l[0, W) updated a row per lane, where
+// one row at a time is a chain of reductions and scalar steps (the softmax took 21 % of the float32 forward's time
+// at D = 128). Returns the rows' rescale factors.
+// GCC 12 reports the _mm512_undefined_ps() inside every unmasked AVX-512 intrinsic as uninitialised once inlined
+// here (GCC bug 105593, fixed in 13).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+template <class LanesMax, class LanesExp>
+inline simd::V online_softmax_block(float* m, float* l, LanesMax lanes_max, LanesExp lanes_exp) {
+  using simd::V;
+  V part[simd::W];
+  for (int i = 0; i < simd::W; ++i) part[i] = lanes_max(i);
+  V mv = simd::load(m), lv = simd::load(l);
+  const V av = online_softmax_absorb(simd::reduce_max_lanes(part), mv, lv, [&](V m_ref) {
+    alignas(64) float ref[simd::W];
+    simd::store(ref, m_ref);
+    for (int i = 0; i < simd::W; ++i) part[i] = lanes_exp(i, ref[i]);
+    return simd::reduce_add_lanes(part);
+  });
+  simd::store(m, mv);
+  simd::store(l, lv);
+  return av;
+}
+#pragma GCC diagnostic pop
+#endif
+
 // The step for rows [0, rows) of a score tile s (rows lds floats apart, scores [0, n) in natural units, masked
 // entries −inf), which become P in place; m and l absorb the tile and alpha[r] is row r's rescale, left to the
-// caller (tile_ops.h, rescale_add_pv). W rows go at once where n is a whole number of vectors: their maxima and
-// sums reduced together (simd.h, reduce_lanes) and the running values updated a row per lane, where one row at a
-// time is a chain of reductions and scalar steps (softmax: 21 % of the float32 forward's time at D = 128).
+// caller (tile_ops.h, rescale_add_pv). W rows at a time where n is a whole number of vectors.
 inline void online_softmax_rows(float* s, int lds, int rows, int n, float* m, float* l, float* alpha) {
   int r = 0;
 #if FT_SIMD_WIDTH
-  using simd::V;
   for (; n % simd::W == 0 && r + simd::W <= rows; r += simd::W) {
     float* s0 = s + static_cast<std::int64_t>(r) * lds;
-    V part[simd::W];
-    for (int i = 0; i < simd::W; ++i) part[i] = row_max_lanes(s0 + static_cast<std::int64_t>(i) * lds, n);
-    V mv = simd::load(m + r), lv = simd::load(l + r);
-    const V av = online_softmax_absorb(simd::reduce_max_lanes(part), mv, lv, [&](V m_ref) {
-      alignas(64) float ref[simd::W];
-      simd::store(ref, m_ref);
-      for (int i = 0; i < simd::W; ++i) part[i] = exp_row_lanes(s0 + static_cast<std::int64_t>(i) * lds, n, ref[i]);
-      return simd::reduce_add_lanes(part);
-    });
-    simd::store(m + r, mv);
-    simd::store(l + r, lv);
-    simd::store(alpha + r, av);
+    auto row = [&](int i) { return s0 + static_cast<std::int64_t>(i) * lds; };
+    simd::store(alpha + r, online_softmax_block(
+                               m + r, l + r, [&](int i) { return row_max_lanes(row(i), n); },
+                               [&](int i, float m_ref) { return exp_row_lanes(row(i), n, m_ref); }));
   }
 #endif
   for (; r < rows; ++r) {

@@ -160,11 +160,11 @@ inline void start_query_rows(const detail::AttnParams& p, PairScratch& w, std::i
 // scale, max, exp, conversion). The product is rounded before the subtraction (simd.h rounded), as scaling the
 // row first rounds it: contracted into one FMA, x · scale − sub kept the product's rounding error, which for the
 // row's max is no longer 0; under a huge scale that error is huge (fuzz: scale 1e30, e^(1.2e23) = inf, NaN out).
-inline float exp_row_to_bf16(const float* x, int n, float scale, float sub, std::uint16_t* dst, int n_pad) {
-  float sum = 0.0f;
-  int j = 0;
 #if FT_SIMD_WIDTH == 16 && defined(__AVX512BF16__)
+// exp_row_to_bf16 (below) on x's vectors [0, n / 16); returns the lane-wise float32 sums.
+inline simd::V exp_row_to_bf16_lanes(const float* x, int n, float scale, float sub, std::uint16_t* dst) {
   simd::V sv = simd::set1(0.0f);
+  int j = 0;
   auto put = [&](simd::V e) {
     sv = simd::add(sv, e);
     const __m256bh h = _mm512_cvtneps_pbh(e.v);
@@ -180,7 +180,16 @@ inline float exp_row_to_bf16(const float* x, int n, float scale, float sub, std:
     for (; j + 16 <= n; j += 16)
       put(simd::exp2(simd::mul(simd::sub(simd::rounded(simd::mul(simd::load(x + j), cv)), bv), lv)));
   }
-  sum = simd::reduce_add(sv);
+  return sv;
+}
+#endif
+
+inline float exp_row_to_bf16(const float* x, int n, float scale, float sub, std::uint16_t* dst, int n_pad) {
+  float sum = 0.0f;
+  int j = 0;
+#if FT_SIMD_WIDTH == 16 && defined(__AVX512BF16__)
+  sum = simd::reduce_add(exp_row_to_bf16_lanes(x, n, scale, sub, dst));
+  j = n / 16 * 16;
 #endif
   for (; j < n; ++j) {
     const float e = exp2_fast((simd::rounded(x[j] * scale) - sub) * kLog2e);
@@ -202,15 +211,40 @@ inline void softmax_rows_to_bf16(const detail::AttnParams& p, PairScratch& w, co
                                  int rows, std::int64_t k0, int n, int n_pad, bool needs_mask) {
   const bool plain = !needs_mask && head.hook.softcap == 0.0f && head.hook.slope == 0.0f && p.softmax_scale > 0.0f;
   const float scale = plain ? p.softmax_scale : 1.0f;
-  for (int r = 0; r < rows; ++r) {
-    float* sr = w.s.get() + static_cast<std::int64_t>(r) * w.bk;
+  auto srow = [&](int r) { return w.s.get() + static_cast<std::int64_t>(r) * w.bk; };
+  auto prow = [&](int r) { return w.pb.get() + static_cast<std::int64_t>(r) * w.bk; };
+  auto rescale = [&](int r, float alpha) {
+    if (alpha != 1.0f) scale_row(w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.dv, alpha);
+  };
+  int r = 0;
+#if FT_SIMD_WIDTH == 16 && defined(__AVX512BF16__)
+  // 16 plain rows at once (forward_common.h online_softmax_block).
+  for (; plain && n % 16 == 0 && r + 16 <= rows; r += 16) {
+    alignas(64) float alpha[16];
+    simd::store(alpha, online_softmax_block(
+                           w.m.get() + r, w.l.get() + r,
+                           [&](int i) { return simd::mul(row_max_lanes(srow(r + i), n), simd::set1(scale)); },
+                           [&](int i, float m_ref) {
+                             std::uint16_t* pr = prow(r + i);
+                             std::fill(pr + n, pr + n_pad, std::uint16_t{0});
+                             return exp_row_to_bf16_lanes(srow(r + i), n, scale, m_ref, pr);
+                           }));
+    for (int i = 0; i < 16; ++i) {
+      w.lo[r + i] = 0;
+      w.hi[r + i] = n;
+      rescale(r + i, alpha[i]);
+    }
+  }
+#endif
+  for (; r < rows; ++r) {
+    float* sr = srow(r);
     if (!plain) score_row(head.hook, q0 + r, k0, sr, n, nullptr, p.softmax_scale);
     const TileKeys vis = needs_mask ? mask_row(head.mask, q0 + r, k0, n, sr) : TileKeys{0, n};
     w.lo[r] = vis.begin;
     w.hi[r] = vis.end;
-    std::uint16_t* pr = w.pb.get() + static_cast<std::int64_t>(r) * w.bk;
-    online_softmax_step(row_max(sr, n) * scale, w.m[r], w.l[r], w.acc.get() + static_cast<std::int64_t>(r) * w.ldv,
-                        w.dv, [&](float m_ref) { return exp_row_to_bf16(sr, n, scale, m_ref, pr, n_pad); });
+    std::uint16_t* pr = prow(r);
+    rescale(r, online_softmax_absorb(row_max(sr, n) * scale, w.m[r], w.l[r],
+                                     [&](float m_ref) { return exp_row_to_bf16(sr, n, scale, m_ref, pr, n_pad); }));
   }
 }
 

@@ -232,8 +232,8 @@ inline void load_bf16_pairs(const std::uint16_t* p, V& even, V& odd) {  // 16 va
 constexpr int W = FT_SIMD_WIDTH;
 
 // The W horizontal sums / maxima of a[0..W) as one vector (reduce_lanes).
-inline V reduce_add_lanes(const V* a) { return reduce_lanes(a, [](V x, V y) { return add(x, y); }); }
-inline V reduce_max_lanes(const V* a) { return reduce_lanes(a, [](V x, V y) { return max(x, y); }); }
+inline V reduce_add_lanes(const V* a) { return reduce_lanes(a, add); }
+inline V reduce_max_lanes(const V* a) { return reduce_lanes(a, max); }
 
 // 2^f for f in [-0.5, 0.5]: exp2_fast()'s polynomial (exp2.h), for exp2 and exp2_scalef below.
 inline V exp2_poly(V f) {
