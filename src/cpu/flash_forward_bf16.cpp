@@ -38,7 +38,7 @@ void forward_tile(const AttnParams& p, PairScratch& w, std::int64_t b, std::int6
     const int n = walk.width(k0, bk);
     bf16::gemm(rows, padded(n), (w.d + 1) / 2, w.q.get(), w.ldq, w.kt_tile(k0), 2 * bk, w.s.get(), bk, false);
     const bool needs_mask = head.mask.tile(q0, rows, k0, n) == detail::TileMask::partial;
-    softmax_rows_to_bf16(p, w, head, q0, rows, k0, n, n + n % 2, needs_mask);
+    softmax_rows_to_bf16(p, w, head, q0, 0, rows, k0, n, n + n % 2, needs_mask);
     const std::uint16_t* vt = w.v_pairs(k0);
     if (!needs_mask) {
       bf16::gemm(rows, w.ldv, n / 2, w.pb.get(), bk, vt, 2 * w.ldv, w.acc.get(), w.ldv, true);

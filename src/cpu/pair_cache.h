@@ -37,8 +37,10 @@
 namespace flashtile::cpu {
 FT_ISA_BEGIN
 
+// q, acc, m, l hold a group of query tiles (TileConfig::group_q, the rows of one pass over the key tiles); s, pb,
+// lo, hi one query tile.
 struct PairScratch {
-  int bq, bk, d, dv, align, kp, ldq, ldv;  // kp: pairs along the (padded) head dim
+  int bq, bk, group, d, dv, align, kp, ldq, ldv;  // kp: pairs along the (padded) head dim
   std::int64_t n_kt;
   Scratch<std::uint16_t> q, pb, kt, v;
   Scratch<float> s, acc, m, l;
@@ -48,12 +50,12 @@ struct PairScratch {
 
   static constexpr int round_up(std::int64_t n, int m) { return static_cast<int>((n + m - 1) / m * m); }
   PairScratch(TileConfig t, int d_, int dv_, std::int64_t sk, int align_)
-      : bq(t.block_q), bk(t.block_k), d(d_), dv(dv_), align(align_), kp(round_up(d_, align_) / 2),
+      : bq(t.block_q), bk(t.block_k), group(t.group_q), d(d_), dv(dv_), align(align_), kp(round_up(d_, align_) / 2),
         ldq(round_up(d_, align_)), ldv(round_up(dv_, align_)), n_kt((sk + t.block_k - 1) / t.block_k),
-        q(zeroed<std::uint16_t>(static_cast<std::int64_t>(bq) * ldq)),
+        q(zeroed<std::uint16_t>(std::int64_t{group} * bq * ldq)),
         pb(zeroed<std::uint16_t>(static_cast<std::int64_t>(bq) * bk)), kt(zeroed<std::uint16_t>(n_kt * kp * bk * 2)),
         v(zeroed<std::uint16_t>(n_kt * bk * ldv)), s(zeroed<float>(static_cast<std::int64_t>(bq) * bk)),
-        acc(zeroed<float>(static_cast<std::int64_t>(bq) * ldv)), m(zeroed<float>(bq)), l(zeroed<float>(bq)),
+        acc(zeroed<float>(std::int64_t{group} * bq * ldv)), m(zeroed<float>(group * bq)), l(zeroed<float>(group * bq)),
         lo(zeroed<int>(bq)), hi(zeroed<int>(bq)), v_nonfinite(zeroed<bool>(n_kt * bk / align + 1)) {}
   std::uint16_t* kt_tile(std::int64_t k0) { return kt.get() + (k0 / bk) * kp * bk * 2; }
   // The pair row holding keys k0 and k0 + 1 (k0 even).
@@ -200,21 +202,22 @@ inline float exp_row_to_bf16(const float* x, int n, float scale, float sub, std:
   return sum;
 }
 
-// The softmax step of key tile [k0, k0 + n) for rows [0, rows): unscaled scores in w.s (the softmax scale is
-// applied to the float32 scores, not folded into Q, which would round Q a second time) become P, rounded to
-// bf16 in w.pb with zeros from n to n_pad; the running max and sum absorb the tile (online_softmax_step);
+// The softmax step of key tile [k0, k0 + n) for rows [0, rows) of the query tile at row r0 of the group (its
+// running max, sum and output rows): unscaled scores in w.s (the softmax scale is applied to the float32 scores,
+// not folded into Q, which would round Q a second time) become P, rounded to bf16 in w.pb with zeros from n to
+// n_pad; the running max and sum absorb the tile (online_softmax_absorb), the output rows are rescaled;
 // [w.lo[r], w.hi[r]) = the keys row r sees in the tile. The scale and the score hook are applied before
 // masking, so a masked key is −inf whatever the scale's sign (−inf · a negative scale would be +inf, · 0 NaN).
 // A full tile without a hook under a positive scale (the common case) reads each row twice: its max, where
 // max(scale · s) = scale · max(s) since rounding is monotonic, then the exponentials.
 inline void softmax_rows_to_bf16(const detail::AttnParams& p, PairScratch& w, const HeadInfo& head, std::int64_t q0,
-                                 int rows, std::int64_t k0, int n, int n_pad, bool needs_mask) {
+                                 int r0, int rows, std::int64_t k0, int n, int n_pad, bool needs_mask) {
   const bool plain = !needs_mask && head.hook.softcap == 0.0f && head.hook.slope == 0.0f && p.softmax_scale > 0.0f;
   const float scale = plain ? p.softmax_scale : 1.0f;
   auto srow = [&](int r) { return w.s.get() + static_cast<std::int64_t>(r) * w.bk; };
   auto prow = [&](int r) { return w.pb.get() + static_cast<std::int64_t>(r) * w.bk; };
   auto rescale = [&](int r, float alpha) {
-    if (alpha != 1.0f) scale_row(w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.dv, alpha);
+    if (alpha != 1.0f) scale_row(w.acc.get() + static_cast<std::int64_t>(r0 + r) * w.ldv, w.dv, alpha);
   };
   int r = 0;
 #if FT_SIMD_WIDTH == 16 && defined(__AVX512BF16__)
@@ -222,7 +225,7 @@ inline void softmax_rows_to_bf16(const detail::AttnParams& p, PairScratch& w, co
   for (; plain && n % 16 == 0 && r + 16 <= rows; r += 16) {
     alignas(64) float alpha[16];
     simd::store(alpha, online_softmax_block(
-                           w.m.get() + r, w.l.get() + r,
+                           w.m.get() + r0 + r, w.l.get() + r0 + r,
                            [&](int i) { return simd::mul(row_max_lanes(srow(r + i), n), simd::set1(scale)); },
                            [&](int i, float m_ref) {
                              std::uint16_t* pr = prow(r + i);
@@ -243,7 +246,7 @@ inline void softmax_rows_to_bf16(const detail::AttnParams& p, PairScratch& w, co
     w.lo[r] = vis.begin;
     w.hi[r] = vis.end;
     std::uint16_t* pr = prow(r);
-    rescale(r, online_softmax_absorb(row_max(sr, n) * scale, w.m[r], w.l[r],
+    rescale(r, online_softmax_absorb(row_max(sr, n) * scale, w.m[r0 + r], w.l[r0 + r],
                                      [&](float m_ref) { return exp_row_to_bf16(sr, n, scale, m_ref, pr, n_pad); }));
   }
 }
