@@ -7,8 +7,9 @@
 #   there: bash scripts/cpu_remote.sh run           # tests on every runnable ISA path, then the benchmark
 #
 # `run` forces each kernel set the CPU executes (FLASHTILE_CPU_ISA) through the whole CPU test suite, then runs
-# bench/cpu_matrix.py pinned to two CPUs on different physical cores (FT_CPU_BENCH_ARGS, default
-# "--threads 2 --bf16"; FT_CPU_BENCH=0 skips it; FT_CPU_TESTS=0 skips the tests). Logs and the table go to
+# bench/cpu_matrix.py once per count in FT_CPU_CORES (default "2"), that many threads pinned to as many CPUs on
+# different physical cores (FT_CPU_BENCH_ARGS, default "--bf16"; FT_CPU_BENCH=0 skips it; FT_CPU_TESTS=0 skips
+# the tests). Logs and the table go to
 # $OUT/cpu. The benchmark times FlashTile beside torch's SDPA in one Python process (the GPU machine's own torch,
 # FT_CPU_PYTHON, default python3), through the C ABI library that `pack` links here (libflashtile_capi_cpu.so).
 # What a device call must carry: .carry/cpu (about 6 MiB: binaries, the C ABI library, OpenBLAS compressed).
@@ -35,12 +36,9 @@ pack() {
   du -sh "$CARRY"
 }
 
-# Two CPUs on different physical cores: cpu0 and the first CPU whose core is not cpu0's.
-two_cores() {
-  local core0 second
-  core0=$(lscpu -p=CPU,CORE | awk -F, '!/^#/ && $1 == 0 {print $2}')
-  second=$(lscpu -p=CPU,CORE | awk -F, -v c="$core0" '!/^#/ && $1 != 0 && $2 != c {print $1; exit}')
-  echo "0,${second:-1}"
+# n CPUs on different physical cores (the first CPU of each core, in CPU order), comma-separated.
+distinct_cores() {
+  lscpu -p=CPU,CORE | awk -F, -v n="$1" '!/^#/ && !seen[$2]++ && k < n {printf "%s%s", (k++ ? "," : ""), $1}'
 }
 
 run() {
@@ -63,13 +61,15 @@ run() {
     grep -E '^\[  FAILED  \]' "$out/tests-$isa.log" | head -20 >> "$summary"
   done
   if [[ ${FT_CPU_BENCH:-1} == 1 ]]; then
-    local cpus t0=$(date +%s)
-    cpus=$(two_cores)
     rm -rf build/cpu-remote && mkdir -p build/cpu-remote && cp -r "$CARRY/apps" "$CARRY/bench" build/cpu-remote/
-    timeout "${FT_CPU_BENCH_TIMEOUT:-400}" taskset -c "$cpus" "${FT_CPU_PYTHON:-python3}" bench/cpu_matrix.py \
-      --build build/cpu-remote --capi "$PWD/$CARRY/libflashtile_capi_cpu.so" --out "$out" --name cpu_xeon_torch \
-      ${FT_CPU_BENCH_ARGS:---threads 2 --bf16} > "$out/bench.log" 2>&1
-    echo "BENCH: rc=$? on CPUs $cpus ($(( $(date +%s) - t0 )) s)" >> "$summary"
+    for n in ${FT_CPU_CORES:-2}; do  # one run per core count, as many threads, pinned to that many physical cores
+      local cpus t0=$(date +%s)
+      cpus=$(distinct_cores "$n")
+      timeout "${FT_CPU_BENCH_TIMEOUT:-400}" taskset -c "$cpus" "${FT_CPU_PYTHON:-python3}" bench/cpu_matrix.py \
+        --build build/cpu-remote --capi "$PWD/$CARRY/libflashtile_capi_cpu.so" --out "$out" \
+        --name "cpu_xeon_torch_${n}c" --threads "$n" ${FT_CPU_BENCH_ARGS:---bf16} > "$out/bench-${n}c.log" 2>&1
+      echo "BENCH ${n} cores: rc=$? on CPUs $cpus ($(( $(date +%s) - t0 )) s)" >> "$summary"
+    done
   fi
   cat "$summary"
 }
