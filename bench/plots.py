@@ -5,7 +5,8 @@ write results, and on its own for results already written:
 
     python3 bench/plots.py bench/results/h200.json bench/results/cpu_xeon.json [--out-dir DIR] [--run NAME]
 
-Reads the formats those scripts write: gpu_bench.py's {"meta", "rows"} (TFLOP/s), cpu_matrix.py's {"meta",
+Reads the formats those scripts write: gpu_bench.py's {"meta", "rows"} (TFLOP/s), cpu_ab.py's rows (a "direction"
+per row, GFLOP/s), cpu_matrix.py's {"meta",
 "cells"} with per-library timings, the CLI-only CPU cells of earlier runs (FlashTile and OpenBLAS standard
 attention), and files that collect several runs ({"runs": [...]} drawn together, {"name": run, ...} one PNG each).
 A file with named runs writes STEM_NAME.png per run, any other STEM.png, next to the JSON unless --out-dir.
@@ -51,6 +52,17 @@ def gpu_points(run):
                 if key.endswith(f"_{d}_tflops"):
                     group = (d, "bf16", r["hdim"], r["causal"], None)
                     _point(pts, group, key[: -len(f"_{d}_tflops")], r["seqlen"], value)
+    return pts
+
+
+def ab_points(run):
+    """cpu_ab.py rows: one cell per row, GFLOP/s per build or peer under NAME_gflops."""
+    pts = []
+    for r in run["rows"]:
+        group = (r["direction"], r["dtype"], r["hdim"], r["causal"], r["threads"])
+        for key, value in r.items():
+            if key.endswith("_gflops"):
+                _point(pts, group, key[: -len("_gflops")], r["seqlen"], value)
     return pts
 
 
@@ -139,7 +151,7 @@ def draw(pts, title, unit, path):
 def title_of(meta, name, unit):
     metas = meta if isinstance(meta, list) else [meta]
     meta = metas[0]
-    where = meta.get("gpu") or meta.get("cpu", "?")
+    where = meta.get("gpu") or meta.get("cpu") or meta.get("machine", "?")
     torch = f", torch {meta['torch']}" if meta.get("torch") else ""
     return f"{where}{torch}, {' and '.join(m.get('date', '?') for m in metas)}" + (f" [{name}]" if name else "") + f" ({unit}, higher is better)"
 
@@ -156,8 +168,9 @@ def plot_file(path, out_dir=None, only=None):
     for name, run in runs_of(data):
         if only and name not in only:
             continue
-        gpu = "rows" in run
-        pts = gpu_points(run) if gpu else cpu_points(run)
+        ab = "rows" in run and any("direction" in r for r in run["rows"])
+        gpu = "rows" in run and not ab
+        pts = ab_points(run) if ab else gpu_points(run) if gpu else cpu_points(run)
         if not pts:
             continue
         unit = "TFLOP/s" if gpu else "GFLOP/s"
