@@ -285,16 +285,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         }
       }
       publish(acc_dp, tdSsdS, kWideDsBarrier);
-      wg_gemm<false, -1>(mma_dkv, tdKrQt(_, _, _, stage), tdKrdS(_, _, _, buf), acc_dk);
+      // dQ's product before dK's, so that dQ's reductions below are issued while dK's product runs. Issued after
+      // both, they stalled the next step: ncu (hdim 256, 8k, causal; bench/results/h200_1203_widebwd_stalls.md) put
+      // 28 % of the kernel's stall samples on them, at the reductions (LSU queue) and at the next step's head
+      // (waiting for their source registers).
       Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kD>>{});
       wg_gemm<true, -1>(mma_dq, tdQrdS(_, _, _, buf), tdQrKt, acc_dq);
-      warpgroup_wait<2>();                    // dV (dK, dQ may still run)
+      wg_gemm<false, -1>(mma_dkv, tdKrQt(_, _, _, stage), tdKrdS(_, _, _, buf), acc_dk);
+      warpgroup_wait<1>();                    // dV, dQ (dK may still run)
       pipeline_do.consumer_release(read_do);  // dO_m no longer read: the producer may load the next
       ++read_do;
-      warpgroup_wait<0>();              // dK, dQ
-      pipeline.consumer_release(read);  // Q_m no longer read
-      ++read;
-      buf ^= 1;
       // dQ into the workspace (thread-major 16-byte groups, dq_offset: dq_convert_kernel's order); in deterministic
       // mode after the key blocks before this one (a turn counter per query block, as bwd_kernel.h's writer).
       float* dq_ws = p.dq_accum + (ws_head + m0) * kD;
@@ -311,6 +311,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         cutlass::arch::NamedBarrier::sync(Traits::kMmaThreads, kWideTurnBarrier);
         if (tidx == 0) atomicAdd(turns, 1);
       }
+      warpgroup_wait<0>();              // dK
+      pipeline.consumer_release(read);  // Q_m no longer read
+      ++read;
+      buf ^= 1;
     }
   }
 
