@@ -38,7 +38,8 @@ constexpr TileConfig tile_config(std::int64_t hdim) {
 // Groups of 4 query tiles per pass over a key tile (2026-12-03, same machine and method, S = 2048 / 8192, D = 64 /
 // 128, full and causal; against groups of 1, all without prefetch): groups of 2 0.99-1.05x, of 4 1.00-1.07x, the
 // gain growing with S (the head's K/V cache, 2-8 MiB per thread, read from L3 a quarter as often). One 256-row
-// tile instead ran 0.93-0.97x at S = 2048 causal: its diagonal tiles computed 4x the masked entries.
+// tile instead ran 0.93-0.97x at S = 2048 causal: its diagonal tiles computed 4x the masked entries. With the
+// groups, 64 x 128 tiles at D = 128 ran 0.97-1.00x (S = 2048-8192).
 constexpr TileConfig avx512_tile_config(std::int64_t hdim) {
   if (hdim <= 64) return {64, 128, 4};
   if (hdim <= 128) return {64, 64, 4};
@@ -69,7 +70,8 @@ constexpr TileConfig amx_tile_config(std::int64_t hdim) {
 
 // Backward tiles. A wider key tile halves how often each query tile's Q and dO are converted and how
 // often the dQ accumulator is read and written, per key tile. Measured as above, 2 threads, S = 2048:
-//  D <= 128: 64 x 128 — 88 GFLOP/s (1.08–1.14x standard attention); 64 x 64 gave 66 (0.82x).
+//  D <= 128: 64 x 128 — 88 GFLOP/s (1.08–1.14x standard attention); 64 x 64 gave 66 (0.82x). On the 2-core
+//            AMX Xeon (2026-12-03, float32, S = 2048 / 8192, D = 64 / 128, one process) 64 x 256 ran 0.95-1.07x.
 //  D <= 256: 32 x 64  — as forward (not measured yet).
 constexpr TileConfig backward_tile_config(std::int64_t hdim) {
   if (hdim <= 128) return {64, 128};
