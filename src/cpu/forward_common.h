@@ -146,7 +146,7 @@ inline simd::V online_softmax_block(float* m, float* l, LanesMax lanes_max, Lane
 inline void online_softmax_rows(float* s, int lds, int rows, int n, float* m, float* l, float* alpha) {
   int r = 0;
 #if FT_SIMD_WIDTH
-  for (; n % simd::W == 0 && r + simd::W <= rows; r += simd::W) {
+  for (; n > 0 && n % simd::W == 0 && r + simd::W <= rows; r += simd::W) {
     float* s0 = s + static_cast<std::int64_t>(r) * lds;
     auto row = [&](int i) { return s0 + static_cast<std::int64_t>(i) * lds; };
     simd::store(alpha + r, online_softmax_block(

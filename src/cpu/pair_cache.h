@@ -222,7 +222,7 @@ inline void softmax_rows_to_bf16(const detail::AttnParams& p, PairScratch& w, co
   int r = 0;
 #if FT_SIMD_WIDTH == 16 && defined(__AVX512BF16__)
   // 16 plain rows at once (forward_common.h online_softmax_block).
-  for (; plain && n % 16 == 0 && r + 16 <= rows; r += 16) {
+  for (; plain && n > 0 && n % 16 == 0 && r + 16 <= rows; r += 16) {
     alignas(64) float alpha[16];
     simd::store(alpha, online_softmax_block(
                            w.m.get() + r0 + r, w.l.get() + r0 + r,
