@@ -10,9 +10,10 @@
 //   S = Q K^T, dP = dO V^T              (wgmma, both operands in shared memory; each warpgroup half of the keys)
 //   P = exp2(S scale log2e - lse_log2) while dP's product runs; P^T to shared memory (stmatrix) | barrier
 //   dV^T += dO^T P issued; dS = P (dP - dsum) while it runs; dS^T to shared memory           | barrier
-//   dK^T += Q^T dS, dQ = dS K          (each warpgroup half of the head dim)
-//   dQ added to the fp32 workspace by vector reductions from the registers (red.global.add.v4.f32): staged for a
-//   bulk reduction as bwd_kernel.h does, dQ's 64 KB would not fit beside the 224 KB of tiles.
+//   dQ = dS K, dK^T += Q^T dS          (each warpgroup half of the head dim; dQ's product first)
+//   dQ added to the fp32 workspace by vector reductions from the registers (red.global.add.v4.f32) while dK's
+//   product runs: staged for a bulk reduction as bwd_kernel.h does, dQ's 64 KB would not fit beside the 224 KB of
+//   tiles.
 // P and dS have two buffers each, so one barrier per product hand-over suffices: buffer j % 2 was last read by
 // step j - 2's products, which both warpgroups waited for before step j - 1's barriers. dO has a ring of its own
 // (kSeparateDo), released once dV's product is done, so its next load overlaps dK's and dQ's products.
