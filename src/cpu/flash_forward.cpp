@@ -1,6 +1,7 @@
 // CPU FlashAttention forward, compiled once per ISA (FT_ISA_NS names the namespace).
 //
-// One task = (batch, query head, query tile). The task streams key/value tiles through L1/L2, keeps the
+// One task step = (batch, query head, a group of query tiles: TileConfig::group_q). The step streams key/value
+// tiles through L1/L2, once for the whole group (each query tile of it taking the key tiles it sees), keeps the
 // running max m, running sum l and the unnormalised output accumulator per row, and normalises once at
 // the end. Scores are kept in natural units (the softmax scale folded into Q, as the backward does, so both
 // compute the same scores bit for bit); exp2 takes (s − m) · log2(e) (tile_ops.h, exp_row).

@@ -1,7 +1,8 @@
 // CPU FlashAttention forward for bf16 inputs on AMX tiles (amx_tiles.h), compiled only into the kernel sets
 // that define FT_AMX (avx512-amx, and the avx2-amxemu test path); other dtypes run the float32 kernels.
 //
-// Same tiling, online softmax, masking and layouts as flash_forward_bf16.cpp (pair_cache.h), with both
+// Same online softmax, masking and layouts as flash_forward_bf16.cpp (pair_cache.h), query tiles in groups that
+// share each pass over the key tiles as flash_forward.cpp's (TileConfig::group_q), with both
 // products on whole tiles: S = Q·Kᵀ over 32 x 32 blocks of the query x key tile, O += P·V over 32 x 32 blocks
 // of the query x head-dim accumulator. Rows past the last query row and keys past a short last tile are
 // computed too and never read: the products step over 32 rows, 32 keys and 32 head-dim columns at a time.
