@@ -120,17 +120,25 @@ void key_tile_step(FwdScratch& w, const HeadInfo& head, std::int64_t q0, int r0,
   clock.skip();
   gemm_nn(rows, padded(n), d, w.q.get() + qoff, w.ldq, w.kt_tile(k0), bk, w.s.get(), bk, false);
   clock.mark(kPhaseQK);
-  for (int r = 0; r < rows; ++r) {
-    next.fetch(r, rows);
-    float* sr = w.s.get() + static_cast<std::int64_t>(r) * bk;
-    score_row(head.hook, q0 + r, k0, sr, n);
-    if (needs_mask) {
-      const TileKeys vis = mask_row(head.mask, q0 + r, k0, n, sr);
-      w.lo[r] = vis.begin;
-      w.hi[r] = vis.end;
+  // The softmax a block of rows at a time (forward_common.h online_softmax_rows), each block's share of the next
+  // tile's prefetches issued just before it: all of them at once ahead of the softmax stalled it (AVX2 kernels on
+  // the Xeon VM, S = 8192: 0.89-0.93x the per-row interleaving they replaced).
+  constexpr int kBlockRows = FT_SIMD_WIDTH > 0 ? FT_SIMD_WIDTH : 16;
+  for (int b0 = 0; b0 < rows; b0 += kBlockRows) {
+    const int b1 = std::min(rows, b0 + kBlockRows);
+    for (int r = b0; r < b1; ++r) {
+      next.fetch(r, rows);
+      float* sr = w.s.get() + static_cast<std::int64_t>(r) * bk;
+      score_row(head.hook, q0 + r, k0, sr, n);
+      if (needs_mask) {
+        const TileKeys vis = mask_row(head.mask, q0 + r, k0, n, sr);
+        w.lo[r] = vis.begin;
+        w.hi[r] = vis.end;
+      }
     }
+    online_softmax_rows(w.s.get() + std::int64_t{b0} * bk, bk, b1 - b0, n, w.m.get() + r0 + b0, w.l.get() + r0 + b0,
+                        w.alpha.get() + r0 + b0);
   }
-  online_softmax_rows(w.s.get(), bk, rows, n, w.m.get() + r0, w.l.get() + r0, w.alpha.get() + r0);
   clock.mark(kPhaseSoftmax);
   // The rows' rescale and this key tile's P·V in one pass over the output rows (tile_ops.h, rescale_add_pv). The
   // tile's product is summed on its own before it meets acc: accumulating every key tile straight into the
