@@ -173,19 +173,14 @@ void forward_group(const AttnParams& p, FwdScratch& w, std::int64_t b, std::int6
   }
   const KeyWalk all(head, q0, rows, bk);
   convert_keys<T>(p, w, b, head.seq.k_row0, hk, all.tiles.begin * bk, all.end);
-  for (std::int64_t kt = all.tiles.begin; kt < all.tiles.end; ++kt) {
+  for_each_group_tile(head, all, q0, rows, bq, bk, [&](std::int64_t kt, int r0, int tile_rows, int n) {
     NextTile next;
     if (w.group == 1 && kt + 1 < all.tiles.end) {
       const std::int64_t k1 = (kt + 1) * bk;
       next = {w.kt_tile(k1), w.v.get() + k1 * w.ldv, 4LL * d * bk, 4LL * all.width(k1, bk) * w.ldv};
     }
-    for (int r0 = 0; r0 < rows; r0 += bq) {
-      const int tile_rows = std::min(bq, rows - r0);
-      const KeyWalk walk(head, q0 + r0, tile_rows, bk);
-      if (kt < walk.tiles.begin || kt >= walk.tiles.end) continue;
-      key_tile_step(w, head, q0 + r0, r0, tile_rows, kt * bk, walk.width(kt * bk, bk), next, clock);
-    }
-  }
+    key_tile_step(w, head, q0 + r0, r0, tile_rows, kt * bk, n, next, clock);
+  });
   write_output_rows<T>(p, head, b, h, q0, rows, w.acc.get(), w.ldv, w.m.get(), w.l.get(), w.dv);
 }
 
@@ -193,8 +188,7 @@ template <class T>
 void forward_typed(const AttnParams& p, TileConfig tile, int threads) {
   const int d = static_cast<int>(p.hdim), dv = static_cast<int>(p.hdim_v);
   forward_tasks(
-      p, TileConfig{tile.block_q * tile.group_q, tile.block_k}, threads,
-      [&] { return FwdScratch(tile, d, dv, p.seqlen_k); },
+      p, tile, threads, [&] { return FwdScratch(tile, d, dv, p.seqlen_k); },
       [&](FwdScratch& w, std::int64_t b, std::int64_t h, const HeadInfo& head, std::int64_t q0) {
         forward_group<T>(p, w, b, h, head, q0);
       });

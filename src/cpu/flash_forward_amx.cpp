@@ -35,34 +35,27 @@ void forward_group(const AttnParams& p, PairScratch& w, std::int64_t b, std::int
   const KeyWalk all(head, q0, rows, bk);
   cache_keys(p, w, b, head.seq.k_row0, h / p.group(), all.tiles.begin * bk, all.end);
   amx::configure();
-  for (std::int64_t kt = all.tiles.begin; kt < all.tiles.end; ++kt) {
-    const std::int64_t k0 = kt * bk;
-    for (int r0 = 0; r0 < rows; r0 += bq) {
-      const int tile_rows = std::min(bq, rows - r0);
-      const std::int64_t tq0 = q0 + r0;
-      const KeyWalk walk(head, tq0, tile_rows, bk);
-      if (kt < walk.tiles.begin || kt >= walk.tiles.end) continue;
-      const int n = walk.width(k0, bk);
-      const int n_pad = PairScratch::round_up(n, kAlign), rows_pad = PairScratch::round_up(tile_rows, kAlign);
-      float* acc = w.acc.get() + std::int64_t{r0} * w.ldv;
-      clock.skip();
-      amx::gemm(rows_pad, n_pad, w.kp / 16, w.q.get() + std::int64_t{r0} * w.ldq, w.ldq, w.kt_tile(k0), 2 * bk,
-                w.s.get(), bk, false);
-      clock.mark(kPhaseQK);
-      softmax_rows_to_bf16(p, w, head, tq0, r0, tile_rows, k0, n, n_pad,
-                           head.mask.tile(tq0, tile_rows, k0, n) == detail::TileMask::partial);
-      clock.mark(kPhaseSoftmax);
-      const std::uint16_t* vt = w.v_pairs(k0);
-      if (!w.v_has_nonfinite(k0, k0 + n_pad)) {
-        amx::gemm(rows_pad, w.ldv, n_pad / kAlign, w.pb.get(), bk, vt, 2 * w.ldv, acc, w.ldv, true);
-      } else {
-        for (int r = 0; r < tile_rows; ++r)
-          add_keys(w, vt, w.pb.get() + static_cast<std::int64_t>(r) * bk, w.lo[r], w.hi[r],
-                   acc + static_cast<std::int64_t>(r) * w.ldv);
-      }
-      clock.mark(kPhasePV);
+  for_each_group_tile(head, all, q0, rows, bq, bk, [&](std::int64_t kt, int r0, int tile_rows, int n) {
+    const std::int64_t k0 = kt * bk, tq0 = q0 + r0;
+    const int n_pad = PairScratch::round_up(n, kAlign), rows_pad = PairScratch::round_up(tile_rows, kAlign);
+    float* acc = w.acc.get() + std::int64_t{r0} * w.ldv;
+    clock.skip();
+    amx::gemm(rows_pad, n_pad, w.kp / 16, w.q.get() + std::int64_t{r0} * w.ldq, w.ldq, w.kt_tile(k0), 2 * bk,
+              w.s.get(), bk, false);
+    clock.mark(kPhaseQK);
+    softmax_rows_to_bf16(p, w, head, tq0, r0, tile_rows, k0, n, n_pad,
+                         head.mask.tile(tq0, tile_rows, k0, n) == detail::TileMask::partial);
+    clock.mark(kPhaseSoftmax);
+    const std::uint16_t* vt = w.v_pairs(k0);
+    if (!w.v_has_nonfinite(k0, k0 + n_pad)) {
+      amx::gemm(rows_pad, w.ldv, n_pad / kAlign, w.pb.get(), bk, vt, 2 * w.ldv, acc, w.ldv, true);
+    } else {
+      for (int r = 0; r < tile_rows; ++r)
+        add_keys(w, vt, w.pb.get() + static_cast<std::int64_t>(r) * bk, w.lo[r], w.hi[r],
+                 acc + static_cast<std::int64_t>(r) * w.ldv);
     }
-  }
+    clock.mark(kPhasePV);
+  });
   amx::release();
   write_output_rows<BFloat16>(p, head, b, h, q0, rows, w.acc.get(), w.ldv, w.m.get(), w.l.get(), w.dv);
 }
@@ -72,8 +65,7 @@ void forward_group(const AttnParams& p, PairScratch& w, std::int64_t b, std::int
 void forward_bf16_amx(const AttnParams& p, TileConfig tile, int threads) {
   const int d = static_cast<int>(p.hdim), dv = static_cast<int>(p.hdim_v);
   forward_tasks(
-      p, TileConfig{tile.block_q * tile.group_q, tile.block_k}, threads,
-      [&] { return PairScratch(tile, d, dv, p.seqlen_k, kAlign); },
+      p, tile, threads, [&] { return PairScratch(tile, d, dv, p.seqlen_k, kAlign); },
       [&](PairScratch& w, std::int64_t b, std::int64_t h, const HeadInfo& head, std::int64_t q0) {
         forward_group(p, w, b, h, head, q0);
       });

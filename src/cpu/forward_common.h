@@ -18,15 +18,16 @@
 namespace flashtile::cpu {
 FT_ISA_BEGIN
 
-// Runs tile_fn(scratch, head, q0) for every query tile [q0, q0 + rows) of every (sequence, query head), with
-// `head` its HeadInfo. Each head's query tiles are dealt round-robin into `chunks` tasks (balanced under causal
-// masking), just enough tasks to keep every thread busy; fewer chunks means fewer K/V conversions. Heads of one
-// GQA group are consecutive task indices, so a thread often keeps its K/V cache. p.seqlen_q bounds every
-// sequence's length (varlen: the longest); tiles past a shorter sequence's end are not visited.
+// Runs tile_fn(scratch, head, q0) for every group of query tiles [q0, q0 + group_q · block_q) of every (sequence,
+// query head), with `head` its HeadInfo. Each head's groups are dealt round-robin into `chunks` tasks (balanced
+// under causal masking), just enough tasks to keep every thread busy; fewer chunks means fewer K/V conversions.
+// Heads of one GQA group are consecutive task indices, so a thread often keeps its K/V cache. p.seqlen_q bounds
+// every sequence's length (varlen: the longest); groups past a shorter sequence's end are not visited.
 template <class MakeScratch, class TileFn>
 void forward_tasks(const detail::AttnParams& p, TileConfig tile, int threads, MakeScratch make_scratch,
                    TileFn tile_fn) {
-  const std::int64_t n_qt = (p.seqlen_q + tile.block_q - 1) / tile.block_q;
+  const std::int64_t group_rows = std::int64_t{tile.block_q} * tile.group_q;
+  const std::int64_t n_qt = (p.seqlen_q + group_rows - 1) / group_rows;
   const std::int64_t heads = p.batch * p.heads_q;
   const std::int64_t chunks =
       std::clamp<std::int64_t>((4 * threads + heads - 1) / std::max<std::int64_t>(heads, 1), 1,
@@ -36,8 +37,8 @@ void forward_tasks(const detail::AttnParams& p, TileConfig tile, int threads, Ma
     const std::int64_t bh = t / chunks, chunk = t % chunks;
     const std::int64_t b = order[static_cast<std::size_t>(bh / p.heads_q)], h = bh % p.heads_q;
     const HeadInfo head(p, b, h);
-    for (std::int64_t qt = chunk; qt * tile.block_q < head.seq.seqlen_q; qt += chunks)
-      tile_fn(w, b, h, head, qt * tile.block_q);
+    for (std::int64_t qt = chunk; qt * group_rows < head.seq.seqlen_q; qt += chunks)
+      tile_fn(w, b, h, head, qt * group_rows);
   });
 }
 
@@ -50,6 +51,21 @@ struct KeyWalk {
       : tiles(head.mask.key_tiles(q0, rows, block_k)), end(head.mask.keys(q0, rows).end) {}
   int width(std::int64_t k0, int block_k) const { return static_cast<int>(std::min<std::int64_t>(block_k, end - k0)); }
 };
+
+// The key tiles of one group of query tiles, rows [q0, q0 + rows) of a head whose KeyWalk is `all`: every key tile
+// any of the rows sees, in order, and in it each query tile of the group (bq rows) that sees it:
+// step(kt, r0, tile_rows, n) for rows [r0, r0 + tile_rows) of the group and the tile's first n keys.
+template <class Step>
+void for_each_group_tile(const HeadInfo& head, const KeyWalk& all, std::int64_t q0, int rows, int bq, int bk,
+                         Step step) {
+  for (std::int64_t kt = all.tiles.begin; kt < all.tiles.end; ++kt) {
+    for (int r0 = 0; r0 < rows; r0 += bq) {
+      const int tile_rows = std::min(bq, rows - r0);
+      const KeyWalk walk(head, q0 + r0, tile_rows, bk);
+      if (kt >= walk.tiles.begin && kt < walk.tiles.end) step(kt, r0, tile_rows, walk.width(kt * bk, bk));
+    }
+  }
+}
 
 // Starts the online softmax of a row: the sink logit as the running max with sum 1 (lse = log(exp(sink) +
 // Σ exp(s))), or −inf and 0 without a sink.
