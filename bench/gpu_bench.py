@@ -320,6 +320,8 @@ def main():
     ap.add_argument("--hdims", default="128,64,256")
     ap.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384,32768")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--causal", choices=("both", "0", "1"), default="both", help="the cells without (0) or with (1) "
+                    "the causal mask, or both")
     ap.add_argument("--door", choices=("torch", "capi"), default="torch",
                     help="how FlashTile is called: its torch op (falls back to capi without the package) or ctypes")
     ap.add_argument("--deterministic", action="store_true", help="also time the deterministic backward")
@@ -338,7 +340,7 @@ def main():
     rows = []
     for hdim in (int(x) for x in args.hdims.split(",")):
         for seqlen in (int(x) for x in args.seqlens.split(",")):
-            for causal in (False, True):
+            for causal in {"both": (False, True), "0": (False,), "1": (True,)}[args.causal]:
                 r = bench_cell(ft, hdim, seqlen, causal, args.reps, args.deterministic, pkg=pkg)
                 rows.append(r)
                 print(f"hdim {hdim:3d} seqlen {seqlen:5d} causal {int(causal)}: "

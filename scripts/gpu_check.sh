@@ -8,6 +8,8 @@
 #   FT_ARCHS=90            SASS architectures (FLASHTILE_CUDA_ARCHS); the H200 needs 90 only
 #   FT_KERNELS=all         FLASHTILE_CUDA_KERNELS subset, e.g. "hdim64;hdim128"
 #   FT_BUILD=build/gpu     build directory
+#   FT_PREBUILT            a carried folder from scripts/pack_prebuilt.sh (the GPU tests and the C ABI library built
+#                          on the dev VM): no build here; the steps that need the Python package are left out
 #   FT_PYTHON=auto         build + pip install the Python package (auto: when python/ and pyproject.toml exist);
 #                          build: the package's modules from the C++ build's own objects (no second compile of the
 #                          kernels), staged in $BUILD/pkg and put on PYTHONPATH
@@ -76,6 +78,13 @@ for s in tests parity sanitize bench profile breakdown decode pipes; do has_step
 PY=${FT_PYTHON:-auto}
 if [[ $PY == auto ]]; then PY=$([[ -d python && -f pyproject.toml ]] && echo 1 || echo 0); fi
 [[ $PY == build ]] && NEEDS_CPP=1
+PREBUILT=${FT_PREBUILT:-}
+if [[ -n $PREBUILT ]]; then  # binaries built elsewhere (scripts/pack_prebuilt.sh): no build here, no package
+  NEEDS_CPP=0 PY=0
+  tar -xJf "$PREBUILT/prebuilt.tar.xz" -C "$PREBUILT" || { note "PREBUILT: cannot unpack $PREBUILT"; exit 1; }
+  TESTBIN=$ROOT/$PREBUILT/flashtile_gpu_tests
+  note "PREBUILT: $(cat "$PREBUILT/built.txt" 2>/dev/null)"
+fi
 if (( NEEDS_CPP )); then
 t0=$(date +%s)
 [[ $PY == build ]] && CMAKE_EXTRA+=("-DFLASHTILE_BUILD_PYTHON=ON" "-DPython_EXECUTABLE=$(command -v python3)")
@@ -119,6 +128,7 @@ elif [[ $PY == 1 ]]; then
 fi
 
 CAPI=$ROOT/$BUILD/src/libflashtile_capi.so
+[[ -n $PREBUILT ]] && CAPI=$ROOT/$PREBUILT/libflashtile_capi.so
 export FLASHTILE_CAPI=$CAPI PYTHONUNBUFFERED=1
 
 # --- GPU tests --------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "checks.h"
+#include "common/scheduler.h"
 #include "core/backend.h"
 #include "flashtile/errors.h"
 #include "kernel_switch.h"
@@ -114,7 +115,15 @@ class CudaSm90 final : public Backend {
         << " consumers (wgmma, 64 rows each) registers=" << sm90::kProducerRegs << "/"
         << sm90::consumer_regs(consumers) << " stages=" << t.stages
         << " (K and V rings, mbarrier pipeline) scheduler=persistent, one CTA per SM, static snake waves, "
-        << (kind == Kind::plain ? "blocks fastest" : "longest first")
+        << (kind == Kind::plain ? "blocks fastest" : "longest first");
+      if (kind != Kind::plain) {  // the launcher's scheduler, built from the same sizes
+        const int blocks = static_cast<int>((p.seqlen_q + k.block_q - 1) / k.block_q);
+        const int tiles = blocks * static_cast<int>(p.heads_q * p.batch);
+        const auto s = cuda::StaticTileScheduler::make(blocks, static_cast<int>(p.heads_q), static_cast<int>(p.batch),
+                                                       true, cuda::persistent_grid(tiles, p.device_index));
+        if (s.section > 0) d << " in L2 sections of " << s.section << " (head, sequence) pairs";
+      }
+      d
         << " smem<=" << sm90::fwd_smem_bytes(bucket, plain, kind == Kind::hooks) << "B"
         << (sm90::fwd_stages_o(bucket, plain, kind == Kind::hooks)
                 ? (p.is_varlen() ? " O staged in shared memory, 16-byte stores (varlen)"

@@ -2,7 +2,7 @@
 //
 // Persistent: one CTA per SM walks its (query block, query head, sequence) tiles from the tile scheduler
 // (common/scheduler.h, longest first under a causal mask); the producer loads the next tile's Q and first keys
-// while the consumers finish the last one's products and write its O.
+// while the consumers finish the last one's softmax and P V products and write its O.
 // Warpgroup 0 is the producer: one thread issues the TMA loads of Q (once per tile) and of K_j, V_j into a
 // kStages-deep ring of shared-memory buffers, each stage signalled by an mbarrier (PipelineTmaAsync); it
 // gives its registers to the consumers (setmaxnreg). Warpgroups 1.. are consumers, 64 query rows each; per
@@ -183,9 +183,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
     if (warp == 0 && lane_leader) {
       // Per tile: its first K/V tile into the ring (a stage frees as soon as the consumers release one of the last
-      // tile's), then Q once the consumers are done with the last tile's (barrier_q_empty), then the other keys.
-      // K and V run on through the ring across tiles, so the next tile's loads overlap this tile's last products
-      // and its epilogue.
+      // tile's), then Q once the consumers' last S product of the last tile is in (barrier_q_empty), then the other
+      // keys. K and V run on through the ring across tiles, so the next tile's loads overlap this tile's last
+      // products and its epilogue.
       cutlass::PipelineState<Traits::kStages> write = cutlass::make_producer_start_state<Pipeline>();
       int q_loads = 0;
       for (int k = 0, t = sched.tile(0); t < sched.count(); t = sched.tile(++k)) {
@@ -314,6 +314,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       CUTE_UNROLL
       for (int i = 0; i < size(rP); ++i) rP(i) = p16(i);
     };
+    // Q is read by the S products only: once the tile's last one is in, its buffer may take the next tile's Q, whose
+    // load then overlaps this tile's last softmax, last P V and epilogue instead of following them (at hdim 256 Q
+    // is 64 KB, and a short causal tile has only a few key tiles to hide its load behind).
+    auto release_q_after = [&](int nb) __attribute__((always_inline)) {
+      if (nb == w.n_first) cutlass::arch::ClusterBarrier::arrive(&ss.barrier_q_empty);
+    };
     // First tile: S_0 alone.
     pipeline_k.consumer_wait(read);
     turns.wait_turn();
@@ -321,6 +327,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     turns.pass_turn();
     warpgroup_wait<0>();
     pipeline_k.consumer_release(read);
+    release_q_after(n_block);
     scores(cute::true_type{}, cute::true_type{});
     to_p();
     prev = read;
@@ -335,6 +342,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
       turns.pass_turn();
       warpgroup_wait<1>();  // S_j is in
       pipeline_k.consumer_release(read);
+      release_q_after(n_block);
       scores(cute::false_type{}, masked);
       warpgroup_wait<0>();  // P_{j-1} V_{j-1} is in: tOrP and V_{j-1}'s buffer are free
       pipeline_v.consumer_release(prev);
@@ -358,8 +366,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(const __grid_c
     turns.pass_turn();
     warpgroup_wait<0>();
     pipeline_v.consumer_release(prev);
-    // Every product of this tile is done: Q's buffer may take the next tile's (its load overlaps this epilogue).
-    cutlass::arch::ClusterBarrier::arrive(&ss.barrier_q_empty);
 
     // Epilogue: normalise; LSE from the lanes that own each row; O through shared memory where tile_table.h
     // fwd_stages_o has it, else as pairs of 16-bit values from the accumulator. Staged, each warpgroup writes its 64
