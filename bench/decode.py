@@ -103,7 +103,10 @@ def bench_cell(ft, cell, reps):
         k = torch.randn(b, length, HKV, D, generator=g).to(torch.bfloat16)
         v = torch.randn(b, length, HKV, D, generator=g).to(torch.bfloat16)
         table = None
-    k_new, v_new = k.new_empty(b, sq, HKV, D), v.new_empty(b, sq, HKV, D)
+    # The new rows are values, as a model's: new_empty's leftover bytes can hold Inf or NaN bit patterns, which send
+    # the block that holds them down the kernels' non-finite path (the AMX decode's float32 fallback).
+    k_new = torch.randn(b, sq, HKV, D, generator=g).to(torch.bfloat16)
+    v_new = torch.randn(b, sq, HKV, D, generator=g).to(torch.bfloat16)
     kv_bytes = b * length * HKV * 2 * D * 2
     report = ft.forward_kvcache(q, k, v, out, cache_seqlens=lens, block_table=table, causal=True)
 

@@ -372,16 +372,32 @@ void block_rows_amx(DecodeScratch<BFloat16>& w, const RowTile& t, const detail::
     return block_rows_gemm(w, t, mask, r_begin, r_end, k0, n, partial, d, dv, Lookahead<BFloat16>{});
   const int rows = r_end - r_begin, rows32 = (rows + 31) / 32 * 32, n32 = (n + 31) / 32 * 32;
   float* s = w.s.get() + static_cast<std::int64_t>(r_begin) * kDecodeKeys;
+  float* acc = w.acc.get() + static_cast<std::int64_t>(r_begin) * w.ldv;
   amx::gemm(rows32, n32, d / 32, w.q16.get() + static_cast<std::int64_t>(r_begin) * d, d, w.ktp.get(), 2 * kDecodeKeys,
             s, kDecodeKeys, false);
-  for (int r = 0; r < rows; ++r) scale_row(s + static_cast<std::int64_t>(r) * kDecodeKeys, n, scale);
-  softmax_rows(w, t, mask, r_begin, r_end, k0, n, partial, dv);
+  for (int r = 0; r < rows; ++r) {  // natural units, the score hook, the partial block's element mask
+    float* sr = s + static_cast<std::int64_t>(r) * kDecodeKeys;
+    scale_row(sr, n, scale);
+    score_row(w.heads[static_cast<std::size_t>(r_begin + r)].hook, t.token(r_begin + r), k0, sr, n);
+    if (partial) mask_row(mask, t.token(r_begin + r), k0, n, sr);
+  }
+  // The online softmax 16 rows at a time (forward_common.h); each row's output is rescaled here, then P·V lands on
+  // it. A head's 32-row blocks that hold only its rows take P·V straight into its output rows (tile accumulate);
+  // else past its last row they would add into the next head's rows, and the product goes through w.pv.
+  alignas(64) float alpha[kDecodeRows];
+  online_softmax_rows(s, kDecodeKeys, rows, n, w.m.get() + r_begin, w.l.get() + r_begin, alpha);
+  for (int r = 0; r < rows; ++r)
+    if (alpha[r] != 1.0f) scale_row(acc + static_cast<std::int64_t>(r) * w.ldv, dv, alpha[r]);
   std::uint16_t* pb = w.pb.get() + static_cast<std::int64_t>(r_begin) * kDecodeKeys;
   for (int r = 0; r < rows; ++r)
     to_bf16_row(s + static_cast<std::int64_t>(r) * kDecodeKeys, pb + static_cast<std::int64_t>(r) * kDecodeKeys, n,
                 n32);
-  amx::gemm(rows32, dv, n32 / 32, pb, kDecodeKeys, w.vtp.get(), 2 * dv, w.pv.get(), w.ldv, false);
-  add_rows(rows, w.ldv, w.pv.get(), w.acc.get() + static_cast<std::int64_t>(r_begin) * w.ldv);
+  if (rows == rows32) {
+    amx::gemm(rows32, dv, n32 / 32, pb, kDecodeKeys, w.vtp.get(), 2 * dv, acc, w.ldv, true);
+  } else {
+    amx::gemm(rows32, dv, n32 / 32, pb, kDecodeKeys, w.vtp.get(), 2 * dv, w.pv.get(), w.ldv, false);
+    add_rows(rows, w.ldv, w.pv.get(), acc);
+  }
 }
 #endif
 
