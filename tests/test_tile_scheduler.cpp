@@ -5,9 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <utility>
 #include <set>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "cuda/common/scheduler.h"
