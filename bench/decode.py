@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 
 if __name__ == "__main__" and os.environ.get("FT_DECODE_CHILD") != "1":
     # torch's wheel brings its own OpenMP runtime next to the one libflashtile_capi.so links: threads of one that
@@ -88,38 +89,42 @@ def cells(quick):
     return out
 
 
-def bench_cell(ft, cell, reps):
-    b, sq, length, page = cell["batch"], cell["sq"], cell["keys"], cell["page"]
+def cell_inputs(b, sq, length, page=0):
+    """One cell's tensors (seeded by its shape): q, out, the cache k, v (paged: pages in a shuffled block table),
+    cache_seqlens = length - sq, and the sq new rows the call appends, so that it reads `length` keys."""
     g = torch.Generator().manual_seed(length + 7 * b + sq)
-    q = torch.randn(b, sq, HQ, D, generator=g).to(torch.bfloat16)
-    out = torch.empty_like(q)
-    lens = torch.full((b,), length - sq, dtype=torch.int32)  # sq new tokens were appended: the call reads `length`
+    t = types.SimpleNamespace(page=page, kv_bytes=b * length * HKV * 2 * D * 2, table=None)
+    t.q = torch.randn(b, sq, HQ, D, generator=g).to(torch.bfloat16)
+    t.out = torch.empty_like(t.q)
+    t.lens = torch.full((b,), length - sq, dtype=torch.int32)
     if page:
         pages = b * length // page
-        k = torch.randn(pages, page, HKV, D, generator=g).to(torch.bfloat16)
-        v = torch.randn(pages, page, HKV, D, generator=g).to(torch.bfloat16)
-        table = torch.randperm(pages, generator=g).to(torch.int32).reshape(b, length // page)
+        t.k = torch.randn(pages, page, HKV, D, generator=g).to(torch.bfloat16)
+        t.v = torch.randn(pages, page, HKV, D, generator=g).to(torch.bfloat16)
+        t.table = torch.randperm(pages, generator=g).to(torch.int32).reshape(b, length // page)
     else:
-        k = torch.randn(b, length, HKV, D, generator=g).to(torch.bfloat16)
-        v = torch.randn(b, length, HKV, D, generator=g).to(torch.bfloat16)
-        table = None
+        t.k = torch.randn(b, length, HKV, D, generator=g).to(torch.bfloat16)
+        t.v = torch.randn(b, length, HKV, D, generator=g).to(torch.bfloat16)
     # The new rows are values, as a model's: new_empty's leftover bytes can hold Inf or NaN bit patterns, which send
     # the block that holds them down the kernels' non-finite path (the AMX decode's float32 fallback).
-    k_new = torch.randn(b, sq, HKV, D, generator=g).to(torch.bfloat16)
-    v_new = torch.randn(b, sq, HKV, D, generator=g).to(torch.bfloat16)
-    kv_bytes = b * length * HKV * 2 * D * 2
-    report = ft.forward_kvcache(q, k, v, out, cache_seqlens=lens, block_table=table, causal=True)
+    t.k_new = torch.randn(b, sq, HKV, D, generator=g).to(torch.bfloat16)
+    t.v_new = torch.randn(b, sq, HKV, D, generator=g).to(torch.bfloat16)
+    return t
 
-    def flashtile_call():
-        # cache_seqlens = length - sq and sq new keys: the call appends them (in place) and reads `length` keys
-        if page:
-            ft.forward_kvcache(q, k, v, out, cache_seqlens=lens, block_table=table, k_new=k_new, v_new=v_new,
-                               causal=True)
-        else:
-            ft.forward_kvcache(q, k, v, out, cache_seqlens=lens, k_new=k_new, v_new=v_new, causal=True)
 
+def flashtile_decode(ft, t):
+    """The timed call: appends t's new rows at cache_seqlens (in place) and attends, causal over them."""
+    ft.forward_kvcache(t.q, t.k, t.v, t.out, cache_seqlens=t.lens, block_table=t.table, k_new=t.k_new,
+                       v_new=t.v_new, causal=True)
+
+
+def bench_cell(ft, cell, reps):
+    b, sq, length, page = cell["batch"], cell["sq"], cell["keys"], cell["page"]
+    t = cell_inputs(b, sq, length, page)
+    q, k, v, kv_bytes = t.q, t.k, t.v, t.kv_bytes
+    report = ft.forward_kvcache(q, k, v, t.out, cache_seqlens=t.lens, block_table=t.table, causal=True)
     row = {**cell, "kv_bytes": kv_bytes, "report": report.splitlines()[0], "read_gbs": read_bandwidth(3)}
-    row["flashtile_s"] = median_s(flashtile_call, reps)
+    row["flashtile_s"] = median_s(lambda: flashtile_decode(ft, t), reps)
     if not page:
         qt, kt, vt = q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
         # Bottom-right causal over the new tokens, as FlashTile's call (torch's is_causal is top-left aligned).
