@@ -117,10 +117,9 @@ class CudaSm90 final : public Backend {
         << " (K and V rings, mbarrier pipeline) scheduler=persistent, one CTA per SM, static snake waves, "
         << (kind == Kind::plain ? "blocks fastest" : "longest first");
       if (kind != Kind::plain) {  // the launcher's scheduler, built from the same sizes
-        const int blocks = static_cast<int>((p.seqlen_q + k.block_q - 1) / k.block_q);
-        const int tiles = blocks * static_cast<int>(p.heads_q * p.batch);
-        const auto s = cuda::StaticTileScheduler::make(blocks, static_cast<int>(p.heads_q), static_cast<int>(p.batch),
-                                                       true, cuda::persistent_grid(tiles, p.device_index));
+        const auto s = cuda::StaticTileScheduler::make(static_cast<int>((p.seqlen_q + k.block_q - 1) / k.block_q),
+                                                       static_cast<int>(p.heads_q), static_cast<int>(p.batch), true,
+                                                       cuda::sm_count(p.device_index));
         if (s.section > 0) d << " in L2 sections of " << s.section << " (head, sequence) pairs";
       }
       d

@@ -2,8 +2,8 @@
 // order, so that a kernel asks for its work instead of reading blockIdx. Static: the tiles are numbered in one
 // linear order and dealt in waves of G (the grid): in wave k, CTA c takes tile kG + c, or kG + G - 1 - c in odd
 // waves (a snake, so the CTA that got the longest tile of one wave gets the shortest of the next). Every role of
-// the CTA (producer, consumers) walks the same list without talking to the others, and the host sizes the grid
-// to the GPU (min(tiles, SMs)).
+// the CTA (producer, consumers) walks the same list without talking to the others; make() sizes the grid to the
+// GPU (min(tiles, SMs)) and the launcher launches that many CTAs.
 //
 // Orders, last block first:
 // - equal-length tiles (no mask): blocks fastest, then heads, then sequences; neighbouring tiles share their
@@ -34,17 +34,19 @@ struct StaticTileScheduler {
   // the kernel took 240 us against cuDNN's 151 (ncu, 2026-12-03), as long as the unmasked call (its 0.64 GB of K and
   // V reads over 240 us are 2.7 TB/s if none came from L2).
   int section = 0;
+  int grid = 0;  // CTAs: one per SM, at most one per tile
 
-  // The scheduler of a grid of `grid` CTAs. A section holds lcm(blocks, 2 grid) tiles: a whole number of wave
+  // The scheduler of a persistent kernel on `sms` SMs, and its grid. A section holds lcm(blocks, 2 grid) tiles: a whole number of wave
   // pairs, so the snake deals each CTA one tile of a wave's longest and one of the next wave's shortest, as
   // without sections (the most loaded CTA 1.00-1.05x the mean, simulated for the bench's causal cells), and a wave
   // holds gcd(blocks, 2 grid) / 2 tiles of each of its pairs (4 at 1k-4k with 128-row blocks), which share K and
   // V in L2. Sections of ceil(grid / 8) pairs instead (8 tiles per pair and wave) left CTAs up to 1.25-1.48x the
   // mean at 1k-2k. Where a section would hold every pair (long sequences), the order is the plain length order.
-  static StaticTileScheduler make(int blocks, int heads, int batch, bool by_length, int grid) {
-    StaticTileScheduler s{blocks, heads, batch, by_length, 0};
-    if (by_length && blocks > 0 && grid > 0) {
-      const int pairs = 2 * grid / std::gcd(blocks, 2 * grid);
+  static StaticTileScheduler make(int blocks, int heads, int batch, bool by_length, int sms) {
+    StaticTileScheduler s{blocks, heads, batch, by_length, 0, 0};
+    s.grid = s.count() < sms ? s.count() : sms;
+    if (by_length && blocks > 0 && s.grid > 0) {
+      const int pairs = 2 * s.grid / std::gcd(blocks, 2 * s.grid);
       if (pairs < heads * batch) s.section = pairs;
     }
     return s;

@@ -45,10 +45,9 @@ const Gpu* gpu(int index) {
   return &g.list[static_cast<std::size_t>(index)];
 }
 
-int persistent_grid(int tiles, int device_index) {
+int sm_count(int device_index) {
   const Gpu* g = gpu(device_index);
-  const int sms = g != nullptr && g->sms > 0 ? g->sms : 132;
-  return tiles < sms ? tiles : sms;
+  return g != nullptr && g->sms > 0 ? g->sms : 132;
 }
 
 DeviceGuard::DeviceGuard(int index, const char* backend) {

@@ -30,9 +30,9 @@ struct Gpus {
 const Gpus& gpus();
 // The device `index`, or null when it does not exist.
 const Gpu* gpu(int index);
-// CTAs of a persistent kernel over `tiles` tiles on device `device_index`: one per SM, at most one per tile (132,
-// the H100's and H200's count, when the device is unknown).
-int persistent_grid(int tiles, int device_index);
+// Streaming multiprocessors of device `device_index` (132, the H100's and H200's count, when it is unknown): the
+// persistent kernels' CTA count.
+int sm_count(int device_index);
 
 // Sets the current device for the scope of a call and restores the caller's.
 class DeviceGuard {

@@ -35,13 +35,12 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
   const detail::AttnParams& a = p.a;
   KernelParams<Traits> kp;
   kp.f = p;
-  const int blocks = static_cast<int>((a.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM);
-  const int tiles = blocks * static_cast<int>(a.heads_q * a.batch);
-  if (tiles == 0) return cudaSuccess;
   // Persistent: one CTA per SM (the kernel's shared memory allows one), each walking its tiles.
-  const dim3 grid(static_cast<unsigned>(persistent_grid(tiles, a.device_index)));
-  kp.sched = StaticTileScheduler::make(blocks, static_cast<int>(a.heads_q), static_cast<int>(a.batch), V::kMasked,
-                                       static_cast<int>(grid.x));
+  kp.sched = StaticTileScheduler::make(static_cast<int>((a.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM),
+                                       static_cast<int>(a.heads_q), static_cast<int>(a.batch), V::kMasked,
+                                       sm_count(a.device_index));
+  if (kp.sched.count() == 0) return cudaSuccess;
+  const dim3 grid(static_cast<unsigned>(kp.sched.grid));
   const bool varlen = a.is_varlen();
   const std::int64_t rows_q = varlen ? a.total_q : a.seqlen_q, rows_k = varlen ? a.total_k : a.seqlen_k;
   auto mQ = gmem_view<Element>(a.q, a.q_stride, a, rows_q, a.hdim, a.heads_q, kp.shape_q);
