@@ -276,7 +276,8 @@ detail::Range split_keys(const detail::MaskPolicy& mask, std::int64_t i0, std::i
 }
 
 // The scores of rows [r_begin, r_end) for the key block [k0, k0 + n) become probabilities: the score hook, the
-// element mask of a partial block (each row's visible keys kept in lo / hi for P·V), the online softmax.
+// element mask of a partial block (each row's visible keys kept in lo / hi for P·V), the online softmax (16 rows at
+// a time where a head has them, forward_common.h), and each row's output rescaled.
 template <class T>
 void softmax_rows(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPolicy& mask, int r_begin, int r_end,
                   std::int64_t k0, int n, bool partial, int dv) {
@@ -288,7 +289,13 @@ void softmax_rows(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPolic
       w.lo[r] = vis.begin;
       w.hi[r] = vis.end;
     }
-    online_softmax_row(sr, n, w.m[r], w.l[r], w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, dv);
+  }
+  alignas(64) float alpha[kDecodeRows];
+  online_softmax_rows(w.s.get() + static_cast<std::int64_t>(r_begin) * kDecodeKeys, kDecodeKeys, r_end - r_begin, n,
+                      w.m.get() + r_begin, w.l.get() + r_begin, alpha);
+  for (int r = r_begin; r < r_end; ++r) {
+    const float a = alpha[r - r_begin];
+    if (a != 1.0f) scale_row(w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, dv, a);
   }
 }
 
@@ -375,19 +382,10 @@ void block_rows_amx(DecodeScratch<BFloat16>& w, const RowTile& t, const detail::
   float* acc = w.acc.get() + static_cast<std::int64_t>(r_begin) * w.ldv;
   amx::gemm(rows32, n32, d / 32, w.q16.get() + static_cast<std::int64_t>(r_begin) * d, d, w.ktp.get(), 2 * kDecodeKeys,
             s, kDecodeKeys, false);
-  for (int r = 0; r < rows; ++r) {  // natural units, the score hook, the partial block's element mask
-    float* sr = s + static_cast<std::int64_t>(r) * kDecodeKeys;
-    scale_row(sr, n, scale);
-    score_row(w.heads[static_cast<std::size_t>(r_begin + r)].hook, t.token(r_begin + r), k0, sr, n);
-    if (partial) mask_row(mask, t.token(r_begin + r), k0, n, sr);
-  }
-  // The online softmax 16 rows at a time (forward_common.h); each row's output is rescaled here, then P·V lands on
-  // it. A head's 32-row blocks that hold only its rows take P·V straight into its output rows (tile accumulate);
-  // else past its last row they would add into the next head's rows, and the product goes through w.pv.
-  alignas(64) float alpha[kDecodeRows];
-  online_softmax_rows(s, kDecodeKeys, rows, n, w.m.get() + r_begin, w.l.get() + r_begin, alpha);
-  for (int r = 0; r < rows; ++r)
-    if (alpha[r] != 1.0f) scale_row(acc + static_cast<std::int64_t>(r) * w.ldv, dv, alpha[r]);
+  for (int r = 0; r < rows; ++r) scale_row(s + static_cast<std::int64_t>(r) * kDecodeKeys, n, scale);
+  softmax_rows(w, t, mask, r_begin, r_end, k0, n, partial, dv);
+  // P·V lands on the rescaled output rows. A head's 32-row blocks that hold only its rows take it straight into
+  // them (tile accumulate); else past its last row it would add into the next head's rows, so it goes through w.pv.
   std::uint16_t* pb = w.pb.get() + static_cast<std::int64_t>(r_begin) * kDecodeKeys;
   for (int r = 0; r < rows; ++r)
     to_bf16_row(s + static_cast<std::int64_t>(r) * kDecodeKeys, pb + static_cast<std::int64_t>(r) * kDecodeKeys, n,
