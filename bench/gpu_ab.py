@@ -21,7 +21,7 @@ from ab_common import shuffled_rounds, sdpa_peer
 from gpu_bench import FlashTile, time_ms
 
 
-def cell(libs, hdim, seqlen, causal, reps, rounds, direction, hook="none", tokens=16384, d_model=2048):
+def cell(libs, hdim, seqlen, causal, reps, rounds, direction, hooks=("none",), tokens=16384, d_model=2048):
     b, h = max(1, tokens // seqlen), d_model // hdim
     g = torch.Generator(device="cuda").manual_seed(seqlen * 1000 + hdim + causal)
     mk = lambda: torch.randn(b, seqlen, h, hdim, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -30,20 +30,28 @@ def cell(libs, hdim, seqlen, causal, reps, rounds, direction, hook="none", token
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     flops = 4.0 * b * h * seqlen * seqlen * hdim / (2 if causal else 1) * (2.5 if direction == "bwd" else 1)
     calls, kernels, results = {}, {}, {}
-    # --hook: FlashTile's forward with a score hook (softcap 30, or ALiBi slopes 2^(-8 (h+1) / H)); cuDNN's call stays
-    # plain (SDPA has neither), the yardstick of the plain kernel.
-    extra = {"softcap": {"softcap": 30.0},
-             "alibi": {"alibi_slopes": torch.tensor([2.0 ** (-8.0 * (i + 1) / h) for i in range(h)], device="cuda")},
-             "none": {}}[hook]
-    for name, ft in libs.items():
-        if direction == "fwd":
-            fn = (lambda ft=ft: ft.forward(q, k, v, out, lse, causal=causal, backend="cuda-sm90", **extra))
-        else:
-            ft.forward(q, k, v, out, lse, causal=causal, backend="cuda-sm90")
-            fn = (lambda ft=ft: ft.backward(q, k, v, out, dout, lse, dq, dk, dv, causal=causal, backend="cuda-sm90"))
-        kernels[name] = fn().split("\n")[0]
-        calls[name] = fn
-        results[name] = [x.clone() for x in ((out, lse) if direction == "fwd" else (dq, dk, dv))]
+    # --hooks: FlashTile's forward with a score hook (softcap 30, or ALiBi slopes 2^(-8 (h+1) / H)); cuDNN's call
+    # stays plain (SDPA has neither), the yardstick of the plain kernel. alibi0: ALiBi slopes of 0, which add 0 to
+    # every score, so the output is the plain call's while the hook kernel (tile_table.h fwd_block_m: 128 query
+    # rows where the masked kernel has 192) runs: the A/B of the row count without a second masked kernel.
+    extras = {"softcap": {"softcap": 30.0},
+              "alibi": {"alibi_slopes": torch.tensor([2.0 ** (-8.0 * (i + 1) / h) for i in range(h)], device="cuda")},
+              "alibi0": {"alibi_slopes": torch.zeros(h, device="cuda")},
+              "none": {}}
+    for lib, ft in libs.items():
+        for hook in hooks:
+            name = lib if len(hooks) == 1 else f"{lib}+{hook}"
+            extra = extras[hook]
+            if direction == "fwd":
+                fn = (lambda ft=ft, extra=extra: ft.forward(q, k, v, out, lse, causal=causal, backend="cuda-sm90",
+                                                            **extra))
+            else:
+                ft.forward(q, k, v, out, lse, causal=causal, backend="cuda-sm90")
+                fn = (lambda ft=ft: ft.backward(q, k, v, out, dout, lse, dq, dk, dv, causal=causal,
+                                                backend="cuda-sm90"))
+            kernels[name] = fn().split("\n")[0]
+            calls[name] = fn
+            results[name] = [x.clone() for x in ((out, lse) if direction == "fwd" else (dq, dk, dv))]
     qt, kt, vt, dot = (x.transpose(1, 2) for x in (q, k, v, dout))
     calls["cudnn"] = sdpa_peer(SDPBackend.CUDNN_ATTENTION, qt, kt, vt, dot, causal, direction)
     times = shuffled_rounds(calls, rounds, lambda fn: time_ms(fn, reps))
@@ -69,22 +77,25 @@ def main():
     ap.add_argument("--directions", default="fwd")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--hook", default="none", choices=["none", "softcap", "alibi"], help="forward only")
+    ap.add_argument("--hooks", default="none", help="forward only: each build run with each of none, softcap, alibi, "
+                    "alibi0 (comma-separated)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     libs = {n: FlashTile(p) for n, p in (x.split("=", 1) for x in args.libs.split(","))}
+    hooks = tuple(args.hooks.split(","))
+    names = [n if len(hooks) == 1 else f"{n}+{hk}" for n in libs for hk in hooks]
     rows = []
-    head = "".join(f" {n:>9}" for n in libs) + "     cudnn" + "".join(f" {n + '/cudnn':>12}" for n in libs)
+    head = "".join(f" {n:>9}" for n in names) + "     cudnn" + "".join(f" {n + '/cudnn':>12}" for n in libs)
     print(f"dir hdim seqlen causal{head}")
     for direction in args.directions.split(","):
         for hdim in map(int, args.hdims.split(",")):
             for s in map(int, args.seqlens.split(",")):
                 for c in map(int, args.causal.split(",")):
-                    r = cell(libs, hdim, s, bool(c), args.reps, args.rounds, direction, args.hook)
+                    r = cell(libs, hdim, s, bool(c), args.reps, args.rounds, direction, hooks)
                     rows.append(r)
                     tf = lambda n: r[f"{n}_{direction}_tflops"]
-                    cols = "".join(f" {tf(n):9.0f}" for n in libs)
-                    ratio = "".join(f" {tf(n) / tf('cudnn'):12.3f}" for n in libs)
+                    cols = "".join(f" {tf(n):9.0f}" for n in names)
+                    ratio = "".join(f" {tf(n) / tf('cudnn'):12.3f}" for n in names)
                     diffs = "".join(f"  {n}: max |diff| {x:.3g}" for n, x in r["max_abs_diff_vs_first"].items() if x)
                     print(f"{direction} {hdim:4d} {s:6d} {c:6d}{cols} {tf('cudnn'):9.0f}{ratio}{diffs}", flush=True)
                     torch.cuda.empty_cache()
@@ -93,7 +104,7 @@ def main():
             print(f"  {n}: {kname[:160]}")
     if args.json:
         meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-                "cudnn": torch.backends.cudnn.version(), "libs": args.libs, "hook": args.hook}
+                "cudnn": torch.backends.cudnn.version(), "libs": args.libs, "hooks": args.hooks}
         json.dump({"meta": meta, "rows": rows}, open(args.json, "w"), indent=1)
         try:
             import plots

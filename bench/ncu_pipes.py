@@ -8,7 +8,9 @@ Runs bench/gpu_profile.py --peers under `ncu --metrics` (a handful of counters: 
 
 Columns: duration (µs), tensor pipe active (% of peak sustained: wgmma on Hopper, mma.sync otherwise, whichever the
 chip counts), issue slots busy (% of peak sustained, ncu's "Issue Slots Busy"), SM throughput (% of peak).
-Metric names differ between ncu versions and chips: the output names the metric each column used.
+Metric names differ between ncu versions and chips: the output names the metric each column used. With --stalls,
+each kernel also gets its largest warp-stall reasons (ncu's smsp__average_warps_issue_stalled_*_per_issue_active:
+warps waiting on that reason per cycle in which an instruction issued, the Warp State section's figures).
 
     python3 bench/ncu_pipes.py --from-log pipes.log --png pipes.png   (bars of a saved output, no GPU needed)
 """
@@ -82,6 +84,7 @@ def main():
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--chip", default="gh100")
     ap.add_argument("--min-us", type=float, default=50.0)
+    ap.add_argument("--stalls", action="store_true", help="also the top warp-stall reasons of each kernel")
     args = ap.parse_args()
     if args.from_log:
         return plot(args.from_log, args.png)
@@ -93,7 +96,10 @@ def main():
             print(f"(no metric for '{col}' in this ncu: tried {cands})")
         else:
             cols[col] = hit + SUFFIX.get(col, ".avg.pct_of_peak_sustained_active")
-    metrics = ["gpu__time_duration.sum"] + sorted(set(cols.values()))
+    stall_prefix, stall_suffix = "smsp__average_warps_issue_stalled_", "_per_issue_active"
+    stalls = sorted(m + ".ratio" for m in known if m.startswith(stall_prefix) and m.endswith(stall_suffix)) \
+        if args.stalls else []
+    metrics = ["gpu__time_duration.sum"] + sorted(set(cols.values())) + stalls
     here = os.path.dirname(os.path.abspath(__file__))
     cmd = ["ncu", "--clock-control", "none", "--csv", "--metrics", ",".join(metrics), sys.executable,
            os.path.join(here, "gpu_profile.py"), "--lib", args.lib, "--peers", "--hdim", str(args.hdim),
@@ -118,6 +124,10 @@ def main():
             continue
         vals = " ".join(f"{m.get(metric, float('nan')):10.1f}" for metric in cols.values())
         print(f"{name[:70]:70s} {us:8.1f} {vals}")
+        if stalls:
+            top = sorted(((m.get(s, 0.0), s[len(stall_prefix):-len(stall_suffix + ".ratio")]) for s in stalls),
+                         reverse=True)[:6]
+            print("    stalls: " + ", ".join(f"{r} {v:.2f}" for v, r in top))
 
 
 if __name__ == "__main__":
