@@ -38,6 +38,7 @@ def known_metrics(chip):
 
 
 SHORT = [("sm90::fwd_kernel", "FlashTile sm90 fwd"), ("sm90::bwd_kernel", "FlashTile sm90 bwd"),
+         ("sm90::bwd_wide_kernel", "FlashTile sm90 bwd"),
          ("sm80::fwd_kernel", "FlashTile sm80 fwd"),
          ("sm80::bwd_kernel", "FlashTile sm80 bwd"), ("flash_fprop", "cuDNN fwd"), ("flash_bprop", "cuDNN bwd"),
          ("flash_fwd_kernel", "torch flash fwd"), ("flash_bwd_dq_dk_dv", "torch flash bwd")]
