@@ -47,13 +47,21 @@ struct alignas(64) Palette {
   std::uint16_t colsb[16] = {};
   std::uint8_t rows[16] = {};
 };
-inline void configure() {
+constexpr Palette every_tile_16x64() {
   Palette cfg;
   for (int t = 0; t < 8; ++t) {
     cfg.colsb[t] = kRowBytes;
     cfg.rows[t] = kRows;
   }
-  _tile_loadconfig(&cfg);
+  return cfg;
+}
+// The palette is a constant in memory, not a local: GCC's _tile_loadconfig declares only the operand's first 8 bytes
+// as read ("m" (*(const void**)p)), so the stores of a local palette's colsb and rows are dead to the compiler. With
+// a restructured forward loop (2026-12-03, not kept) GCC 12 deleted them: ldtilecfg loaded palette 1 with every tile
+// 0 x 0, and the first tilezero raised SIGILL. The kernels of this tree kept the stores only by the optimiser's choice.
+inline void configure() {
+  static constexpr Palette kPalette = every_tile_16x64();
+  _tile_loadconfig(&kPalette);
 }
 inline void release() { _tile_release(); }
 #else
