@@ -8,6 +8,10 @@
 // computed too and never read: the products step over 32 rows, 32 keys and 32 head-dim columns at a time.
 // Masked keys have P = 0 exactly, which takes them out of P·V unless their V is Inf or NaN (0 · Inf = NaN);
 // a tile whose keys hold such a value takes the visible keys only, row by row, in float32.
+// Tried and dropped (2026-12-03, 2-core AMX Xeon VM, bench/cpu_ab.py, one process, S = 2048 / 8192, D = 64 / 128):
+// the next step's S = Q·Kᵀ issued a few 32 x 32 blocks at a time between this step's softmax rows, into a second
+// score buffer, so that the AMX unit would work while the vector units exponentiate: 0.93-1.00x. The block loop of
+// the products with the key blocks outside (each Kᵀ block loaded once for both row blocks): 0.96-0.99x.
 #include <algorithm>
 
 #include "cpu/amx_tiles.h"
