@@ -36,5 +36,11 @@ inline float exp2_fast(float x) {
   return x == x ? r : x;
 }
 
+// 2^f for f in [-0.5, 0.5] where the result is rounded to bf16 next (P of the bf16 forwards; simd.h
+// exp2_scalef<true>): c[0] + c[1]·f + ... + c[4]·f^4, a relative-error minimax fit of degree 4, relative error 3.4e-6
+// (bf16's rounding is up to 2^-9 = 2e-3), two FMAs fewer than exp2_fast's degree 6. tests/test_exp2.cpp bounds it.
+inline constexpr float kExp2Bf16Poly[5] = {9.999990187494872e-1f, 6.931171424408931e-1f, 2.4024394707991586e-1f,
+                                           5.5934592992700594e-2f, 9.591781891129891e-3f};
+
 FT_ISA_END
 }  // namespace flashtile::cpu

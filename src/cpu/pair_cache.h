@@ -176,7 +176,7 @@ inline simd::V exp_row_to_bf16_lanes(const float* x, int n, float scale, float s
     // One FMA forms (scale · x − sub) · log2(e): its rounding error, ~|sub| · 2^-23 in the exponent (1e-5 at
     // most here), is far below bf16's 2^-9 (simd.h exp2_scalef: P under 2^-125 is 0).
     const simd::V c1 = simd::set1(scale * kLog2e), c2 = simd::set1(-sub * kLog2e);
-    for (; j + 16 <= n; j += 16) put(simd::exp2_scalef(simd::fma(simd::load(x + j), c1, c2)));
+    for (; j + 16 <= n; j += 16) put(simd::exp2_scalef<true>(simd::fma(simd::load(x + j), c1, c2)));
   } else {
     const simd::V lv = simd::set1(kLog2e), bv = simd::set1(sub), cv = simd::set1(scale);
     for (; j + 16 <= n; j += 16)
