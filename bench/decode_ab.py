@@ -30,16 +30,39 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--libs", required=True, help="name=path,name=path")
     ap.add_argument("--cells", default="16:1:4096,16:8:4096,16:1:32768,1:1:32768,1:8:4096", help="sq:batch:keys,...")
+    ap.add_argument("--png", default=None, help="also draw the table as grouped bars (matplotlib)")
     args = ap.parse_args()
     fts = {n: FlashTile(p) for n, p in (a.split("=", 1) for a in args.libs.split(","))}
     names = list(fts)
+    rows = []
     print("| Sq | batch | keys | " + " | ".join(f"{n} GB/s" for n in names) + f" | {names[-1]} ÷ {names[0]} |")
     print("|---:|---:|---:|" + "---:|" * (len(names) + 1))
     for c in args.cells.split(","):
         sq, b, length = (int(x) for x in c.split(":"))
         r = cell(fts, sq, b, length)
+        rows.append((f"Sq {sq}, B {b}, {length // 1024}k", r))
         print(f"| {sq} | {b} | {length} | " + " | ".join(f"{r[n]:.1f}" for n in names)
               + f" | {r[names[-1]] / r[names[0]]:.2f} |", flush=True)
+
+    if args.png:
+        plot(rows, names, args.png)
+
+
+def plot(rows, names, png):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(2 + 1.6 * len(rows), 3.6))
+    width = 0.8 / len(names)
+    for i, n in enumerate(names):
+        ax.bar([j + i * width for j in range(len(rows))], [r[n] for _, r in rows], width, label=n)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))])
+    ax.set_xticklabels([c for c, _ in rows], fontsize=8)
+    ax.set_ylabel("GB/s of K+V read")
+    ax.set_title("CPU decode, GQA 32/8, hdim 128, bf16 cache (bench/decode_ab.py)", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
 
 
 if __name__ == "__main__":

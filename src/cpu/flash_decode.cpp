@@ -33,6 +33,7 @@
 #include "cpu/tile_ops.h"
 #if defined(FT_AMX)
 #include "cpu/amx_tiles.h"
+#include "cpu/pair_cache.h"  // softmax_16_rows_to_bf16
 #include "cpu/pair_pack.h"
 #endif
 
@@ -368,6 +369,19 @@ inline bool pack_pairs(DecodeScratch<BFloat16>& w, int n, int d, int dv) {
   return nonfinite;
 }
 
+#if FT_SIMD_WIDTH == 16 && defined(__AVX512BF16__)
+// Whether rows [r_begin, r_end) take softmax_16_rows_to_bf16 on a block of n keys: whole 16-row groups, whole
+// 16-key vectors, no element mask, no score hook on any row, a positive scale.
+bool plain_block(const DecodeScratch<BFloat16>& w, int r_begin, int r_end, int n, bool partial, float scale) {
+  if (partial || scale <= 0.0f || n % 16 != 0 || (r_end - r_begin) % 16 != 0) return false;
+  for (int r = r_begin; r < r_end; ++r) {
+    const detail::ScoreHook& h = w.heads[static_cast<std::size_t>(r)].hook;
+    if (h.softcap != 0.0f || h.slope != 0.0f) return false;
+  }
+  return true;
+}
+#endif
+
 void block_rows_amx(DecodeScratch<BFloat16>& w, const RowTile& t, const detail::MaskPolicy& mask, int r_begin,
                     int r_end, std::int64_t k0, int n, bool partial, int d, int dv, float scale,
                     const Lookahead<BFloat16>& ahead) {
@@ -382,14 +396,30 @@ void block_rows_amx(DecodeScratch<BFloat16>& w, const RowTile& t, const detail::
   float* acc = w.acc.get() + static_cast<std::int64_t>(r_begin) * w.ldv;
   amx::gemm(rows32, n32, d / 32, w.q16.get() + static_cast<std::int64_t>(r_begin) * d, d, w.ktp.get(), 2 * kDecodeKeys,
             s, kDecodeKeys, false);
-  for (int r = 0; r < rows; ++r) scale_row(s + static_cast<std::int64_t>(r) * kDecodeKeys, n, scale);
-  softmax_rows(w, t, mask, r_begin, r_end, k0, n, partial, dv);
+  std::uint16_t* pb = w.pb.get() + static_cast<std::int64_t>(r_begin) * kDecodeKeys;
+#if FT_SIMD_WIDTH == 16 && defined(__AVX512BF16__)
+  if (plain_block(w, r_begin, r_end, n, partial, scale)) {
+    // The forwards' fused step: the scale, the exponentials and the rounding to bf16 in one pass per row, where
+    // the general path below makes three (scale_row, softmax_rows, to_bf16_row).
+    for (int r = 0; r < rows; r += 16) {
+      alignas(64) float alpha[16];
+      simd::store(alpha, softmax_16_rows_to_bf16(s + std::int64_t{r} * kDecodeKeys, kDecodeKeys,
+                                                 pb + std::int64_t{r} * kDecodeKeys, kDecodeKeys, n, n32, scale,
+                                                 w.m.get() + r_begin + r, w.l.get() + r_begin + r));
+      for (int i = 0; i < 16; ++i)
+        if (alpha[i] != 1.0f) scale_row(acc + std::int64_t{r + i} * w.ldv, dv, alpha[i]);
+    }
+  } else
+#endif
+  {
+    for (int r = 0; r < rows; ++r) scale_row(s + static_cast<std::int64_t>(r) * kDecodeKeys, n, scale);
+    softmax_rows(w, t, mask, r_begin, r_end, k0, n, partial, dv);
+    for (int r = 0; r < rows; ++r)
+      to_bf16_row(s + static_cast<std::int64_t>(r) * kDecodeKeys, pb + static_cast<std::int64_t>(r) * kDecodeKeys, n,
+                  n32);
+  }
   // P·V lands on the rescaled output rows. A head's 32-row blocks that hold only its rows take it straight into
   // them (tile accumulate); else past its last row it would add into the next head's rows, so it goes through w.pv.
-  std::uint16_t* pb = w.pb.get() + static_cast<std::int64_t>(r_begin) * kDecodeKeys;
-  for (int r = 0; r < rows; ++r)
-    to_bf16_row(s + static_cast<std::int64_t>(r) * kDecodeKeys, pb + static_cast<std::int64_t>(r) * kDecodeKeys, n,
-                n32);
   if (rows == rows32) {
     amx::gemm(rows32, dv, n32 / 32, pb, kDecodeKeys, w.vtp.get(), 2 * dv, acc, w.ldv, true);
   } else {

@@ -202,14 +202,33 @@ inline float exp_row_to_bf16(const float* x, int n, float scale, float sub, std:
   return sum;
 }
 
+#if FT_SIMD_WIDTH == 16 && defined(__AVX512BF16__)
+// The softmax step of 16 rows of unscaled scores s (rows lds floats apart; scores [0, n), n a multiple of 16; no
+// score hook, no mask, scale > 0) into P in bf16 at pb (rows ldp apart, zeros from n to n_pad): the rows' maxima
+// and sums reduced together (forward_common.h online_softmax_block), m[0, 16) and l[0, 16) absorbing the tile.
+// Each row is read twice: its max, where max(scale · s) = scale · max(s) since rounding is monotonic, then the
+// exponentials. Returns the rows' rescale factors. The bf16 forwards and the AMX decode (flash_decode.cpp) take it.
+inline simd::V softmax_16_rows_to_bf16(const float* s, int lds, std::uint16_t* pb, int ldp, int n, int n_pad,
+                                       float scale, float* m, float* l) {
+  auto srow = [&](int i) { return s + static_cast<std::int64_t>(i) * lds; };
+  return online_softmax_block(
+      m, l, [&](int i) { return simd::mul(row_max_lanes(srow(i), n), simd::set1(scale)); },
+      [&](int i, float m_ref) {
+        std::uint16_t* pr = pb + static_cast<std::int64_t>(i) * ldp;
+        std::fill(pr + n, pr + n_pad, std::uint16_t{0});
+        return exp_row_to_bf16_lanes(srow(i), n, scale, m_ref, pr);
+      });
+}
+#endif
+
 // The softmax step of key tile [k0, k0 + n) for rows [0, rows) of the query tile at row r0 of the group (its
 // running max, sum and output rows): unscaled scores in w.s (the softmax scale is applied to the float32 scores,
 // not folded into Q, which would round Q a second time) become P, rounded to bf16 in w.pb with zeros from n to
 // n_pad; the running max and sum absorb the tile (online_softmax_absorb), the output rows are rescaled;
 // [w.lo[r], w.hi[r]) = the keys row r sees in the tile. The scale and the score hook are applied before
 // masking, so a masked key is −inf whatever the scale's sign (−inf · a negative scale would be +inf, · 0 NaN).
-// A full tile without a hook under a positive scale (the common case) reads each row twice: its max, where
-// max(scale · s) = scale · max(s) since rounding is monotonic, then the exponentials.
+// A full tile without a hook under a positive scale (the common case) runs 16 rows at a time
+// (softmax_16_rows_to_bf16).
 inline void softmax_rows_to_bf16(const detail::AttnParams& p, PairScratch& w, const HeadInfo& head, std::int64_t q0,
                                  int r0, int rows, std::int64_t k0, int n, int n_pad, bool needs_mask) {
   const bool plain = !needs_mask && head.hook.softcap == 0.0f && head.hook.slope == 0.0f && p.softmax_scale > 0.0f;
@@ -221,17 +240,10 @@ inline void softmax_rows_to_bf16(const detail::AttnParams& p, PairScratch& w, co
   };
   int r = 0;
 #if FT_SIMD_WIDTH == 16 && defined(__AVX512BF16__)
-  // 16 plain rows at once (forward_common.h online_softmax_block).
   for (; plain && n > 0 && n % 16 == 0 && r + 16 <= rows; r += 16) {
     alignas(64) float alpha[16];
-    simd::store(alpha, online_softmax_block(
-                           w.m.get() + r0 + r, w.l.get() + r0 + r,
-                           [&](int i) { return simd::mul(row_max_lanes(srow(r + i), n), simd::set1(scale)); },
-                           [&](int i, float m_ref) {
-                             std::uint16_t* pr = prow(r + i);
-                             std::fill(pr + n, pr + n_pad, std::uint16_t{0});
-                             return exp_row_to_bf16_lanes(srow(r + i), n, scale, m_ref, pr);
-                           }));
+    simd::store(alpha, softmax_16_rows_to_bf16(srow(r), w.bk, prow(r), w.bk, n, n_pad, scale, w.m.get() + r0 + r,
+                                               w.l.get() + r0 + r));
     for (int i = 0; i < 16; ++i) {
       w.lo[r + i] = 0;
       w.hi[r + i] = n;
