@@ -42,7 +42,9 @@ JOBS=$(nproc)
 SUMMARY=$OUT/summary.txt
 START=$(date +%s)
 DEADLINE=${FT_DEADLINE:-0}   # seconds after start by which the benchmark must end (0: no deadline)
-: > "$SUMMARY"
+# Several runs may share one $OUT in a device call (a build, then the tests, then the benchmark): each appends its
+# notes to the summary, and the archive at the end keeps the earlier runs' logs.
+SUMMARY_FROM=$(( $(cat "$SUMMARY" 2>/dev/null | wc -l) + 1 ))
 note() { echo "$*" | tee -a "$SUMMARY"; }
 has_step() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -287,7 +289,7 @@ if has_step bench; then
 fi
 
 echo
-cat "$SUMMARY"
+tail -n +"$SUMMARY_FROM" "$SUMMARY"
 if [[ -f $OUT/bench.md ]]; then
   echo
   # the short table: FlashTile TF/s and its ratio to torch's flash backend, per cell
@@ -309,5 +311,6 @@ fi
 # travel as one archive (FT_PACK=0 keeps them loose).
 if [[ ${FT_PACK:-1} == 1 ]]; then
   keep=(! -path ./summary.txt ! -path ./bench.json ! -path ./bench.md ! -path ./logs.tar.gz)
-  (cd "$OUT" && find . -type f "${keep[@]}" | tar -czf logs.tar.gz -T - && find . -mindepth 1 "${keep[@]}" -delete)
+  (cd "$OUT" && { [[ ! -f logs.tar.gz ]] || tar -xzf logs.tar.gz; } \
+    && find . -type f "${keep[@]}" | tar -czf logs.tar.gz -T - && find . -mindepth 1 "${keep[@]}" -delete)
 fi
