@@ -265,7 +265,7 @@ inline V exp2(V x) {
 // −inf made the causal forward 5 % slower when their 2^-150 underflowed). The clamp's order keeps a NaN
 // (max/min return their second operand for NaN), and the mask keeps it too (not-less-than is true for NaN).
 // kToBf16: a value that is rounded to bf16 next takes exp2.h's kExp2Bf16Poly (degree 4, relative error 3.4e-6)
-// instead of exp2_poly's degree 6: the bf16 forward on AMX ran 1.02-1.07x (bench/cpu_ab.py, 2-core Xeon VM, one
+// instead of exp2_poly's degree 6: the bf16 forward on AMX ran 1.02-1.06x (bench/cpu_ab.py, 2-core Xeon VM, one
 // process, S = 2048 / 8192, D = 64 / 128).
 template <bool kToBf16 = false>
 inline V exp2_scalef(V x) {
