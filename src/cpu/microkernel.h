@@ -76,8 +76,10 @@ template <bool kTransA, Epilogue kE>
 inline void gemm_with(int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c, int ldc,
                       const float* scale) {
   if (k <= 0) {  // an empty sum: the blocks below assume k >= 1
-    for (int i = 0; i < m && kE != Epilogue::kAccumulate; ++i)
-      for (int j = 0; j < n; ++j) c[static_cast<std::int64_t>(i) * ldc + j] *= kE == Epilogue::kScale ? scale[i] : 0.0f;
+    for (int i = 0; i < m && kE != Epilogue::kAccumulate; ++i) {
+      float* ci = c + static_cast<std::int64_t>(i) * ldc;
+      for (int j = 0; j < n; ++j) ci[j] = kE == Epilogue::kScale ? ci[j] * scale[i] : 0.0f;  // 0, not 0 · C (NaN)
+    }
     return;
   }
   auto rows_over = [&]<int NV>(int j0) {
