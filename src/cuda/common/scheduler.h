@@ -36,11 +36,11 @@ struct StaticTileScheduler {
   int section = 0;
   int grid = 0;  // CTAs: one per SM, at most one per tile
 
-  // The scheduler of a persistent kernel on `sms` SMs, and its grid. A section holds lcm(blocks, 2 grid) tiles: a whole number of wave
-  // pairs, so the snake deals each CTA one tile of a wave's longest and one of the next wave's shortest, as
-  // without sections (the most loaded CTA 1.00-1.05x the mean, simulated for the bench's causal cells), and a wave
-  // holds gcd(blocks, 2 grid) / 2 tiles of each of its pairs (4 at 1k-4k with 128-row blocks), which share K and
-  // V in L2. Sections of ceil(grid / 8) pairs instead (8 tiles per pair and wave) left CTAs up to 1.25-1.48x the
+  // The scheduler of a persistent kernel on `sms` SMs, and its grid. A section holds lcm(blocks, 2 grid) tiles: a
+  // whole number of wave pairs, so the snake deals each CTA one tile of a wave's longest and one of the next wave's
+  // shortest, as without sections (the most loaded CTA 1.00-1.05x the mean, simulated for the bench's causal cells),
+  // and a wave holds gcd(blocks, 2 grid) / 2 tiles of each of its pairs (4 at 1k-4k with 128-row blocks), which share
+  // K and V in L2. Sections of ceil(grid / 8) pairs instead (8 tiles per pair and wave) left CTAs up to 1.25-1.48x the
   // mean at 1k-2k. Where a section would hold every pair (long sequences), the order is the plain length order.
   static StaticTileScheduler make(int blocks, int heads, int batch, bool by_length, int sms) {
     StaticTileScheduler s{blocks, heads, batch, by_length, 0, 0};
