@@ -168,7 +168,8 @@ def plot_file(path, out_dir=None, only=None):
     for name, run in runs_of(data):
         if only and name not in only:
             continue
-        ab = "rows" in run and any("direction" in r for r in run["rows"])
+        # cpu_ab.py rows hold NAME_gflops; gpu_ab.py rows (TFLOP/s, as gpu_bench.py) are drawn as GPU rows.
+        ab = "rows" in run and any(k.endswith("_gflops") for r in run["rows"] for k in r)
         gpu = "rows" in run and not ab
         pts = ab_points(run) if ab else gpu_points(run) if gpu else cpu_points(run)
         if not pts:
