@@ -123,14 +123,19 @@ std::string Plan::reason() const {
   if (given) return "num_splits as given";
   std::ostringstream s;
   s << "auto: " << ctas << " CTAs (B·Hkv·row_tiles) on " << sms << " SMs x " << per_sm
-    << " resident; the fewest splits within 85 % of the best wave efficiency, at most one per 4 key tiles (256 keys)"
+    << " per wave; the fewest splits within 95 % of the best wave efficiency, at most one per 4 key tiles (256 keys)"
     << " of the seqlen_k bound";
   return s.str();
 }
 
 // FlashAttention's split heuristic: the wave efficiency of s splits is waves / ceil(waves) with waves = ctas · s /
-// (SMs · CTAs per SM); the fewest splits reaching 85 % of the best efficiency win (a partial last wave leaves SMs
-// idle, more splits cost a larger combine).
+// (SMs · CTAs per SM); the fewest splits reaching 95 % of the best efficiency win (a partial last wave leaves SMs
+// idle, more splits cost a larger combine). A wave counts one 16-row CTA per SM: one such CTA draws its SM's share
+// of the memory bandwidth alone, so a second on the same SM adds nothing and SMs holding two finish last. Measured
+// on the H200 (bench/results/h200-decode-ab.md, 2026-12-04): batch 8, 32k keys, 2 splits (128 CTAs) as fast as 4;
+// batch 1, 32k keys, 16 splits (128 CTAs) 37.7 us against 39.0 us for 29 (232 CTAs, 100 SMs holding two). The
+// 64-row CTAs (Sq x G > 16) do more arithmetic per byte and need two per SM: at batch 8, Sq = 16, 2 splits took
+// 461 us against 329 us for 4.
 Plan plan(const AttnParams& p) {
   Plan d;
   d.bucket = decode_bucket(std::max(p.hdim, p.hdim_v));
@@ -141,7 +146,7 @@ Plan plan(const AttnParams& p) {
   const Gpu* g = gpu(p.device_index);
   d.sms = g != nullptr ? g->sms : 0;
   const int smem = d.bucket > 0 ? decode_smem_bytes(d.bucket, d.rows_per_tile) : 1;
-  d.per_sm = std::clamp(g != nullptr ? g->smem_optin / smem : 1, 1, 4);  // 128 threads, < 128 registers each
+  d.per_sm = d.rows_per_tile == kRowsPerTile ? 1 : std::clamp(g != nullptr ? g->smem_optin / smem : 1, 1, 4);
   if (p.num_splits > 0) {
     d.given = true;
     d.splits = p.num_splits;
@@ -157,7 +162,7 @@ Plan plan(const AttnParams& p) {
   double best = 0.0;
   for (int s = 1; s <= most; ++s) best = std::max(best, efficiency(s));
   d.splits = 1;
-  while (d.splits < most && efficiency(d.splits) < 0.85 * best) ++d.splits;
+  while (d.splits < most && efficiency(d.splits) < 0.95 * best) ++d.splits;
   if (d.ctas == 0) d.splits = 1;
   return d;
 }

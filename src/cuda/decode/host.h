@@ -16,7 +16,7 @@ struct Plan {
   int splits = 1;
   std::int64_t ctas = 0;  // B · Hkv · row_tiles (before splitting)
   int sms = 0;
-  int per_sm = 1;         // CTAs resident per SM (shared memory)
+  int per_sm = 1;         // CTAs per SM that one wave counts (host.cpp plan)
   bool given = false;     // num_splits came from the caller
   std::string reason() const;
 };
