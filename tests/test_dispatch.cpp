@@ -123,6 +123,37 @@ TEST(Dispatch, OptInIsaPathsAreNeverChosenByThemselves) {
 #endif
 }
 
+// The report of a bf16 call names what its products run on, per kernel set (src/cpu/isa.cpp kSets), and a float32
+// call's says nothing of it.
+TEST(Dispatch, ReportNamesTheBf16Products) {
+  auto rng = test_rng();
+  Problem p = small(rng, DType::bfloat16);
+  Problem f = small(rng);
+  ScopedCpuIsa forced(nullptr);
+  const std::pair<const char*, const char*> sets[] = {
+      {"scalar", "float32 FMAs on converted tiles"},        {"avx2", "float32 FMAs on converted tiles"},
+      {"avx512", "float32 FMAs on converted tiles"},        {"avx2-bf16emu", "bf16 dot-product pairs, emulated on FMAs"},
+      {"avx2-amxemu", "AMX tiles, emulated"},               {"avx512-bf16", "vdpbf16ps pairs"},
+      {"avx512-amx", "AMX tiles (tdpbf16ps)"}};
+  int ran = 0;
+  for (const auto& [isa, products] : sets) {
+    forced.set(isa);
+    const auto bwd = flashtile::explain_backward(p.q.view(), p.k.view(), p.v.view(), p.out.view(), p.dout.view(),
+                                                 p.lse.view(), p.dq.view(), p.dk.view(), p.dv.view(), p.options());
+    if (bwd.ran.backend != "cpu-flash") continue;  // this CPU cannot execute that path
+    ++ran;
+    SCOPED_TRACE(isa);
+    EXPECT_NE(bwd.ran.detail.find(std::string("bf16 products: ") + products), std::string::npos) << bwd.to_string();
+    const auto fwd = flashtile::explain_forward(p.q.view(), p.k.view(), p.v.view(), p.out.view(), p.lse.view(),
+                                                p.options());
+    EXPECT_NE(fwd.ran.detail.find(std::string("bf16 products: ") + products), std::string::npos) << fwd.to_string();
+    const auto f32 = flashtile::explain_forward(f.q.view(), f.k.view(), f.v.view(), f.out.view(), f.lse.view(),
+                                                f.options());
+    EXPECT_EQ(f32.ran.detail.find("bf16 products"), std::string::npos) << f32.to_string();
+  }
+  EXPECT_GE(ran, 2);  // scalar and, on every x86-64 CI machine, avx2 and its two emulations
+}
+
 TEST(Dispatch, ExplainTouchesNoData) {
   auto rng = test_rng();
   Problem p = small(rng);

@@ -66,6 +66,11 @@ class CpuFlash final : public Backend {
     k.threads = cpu::resolve_threads(p.num_threads);
     k.detail = std::string("dtype=") + std::string(dtype_name(p.dtype)) + " accumulate=float32";
     if (t.group_q > 1) k.detail += " query_tiles_per_key_pass=" + std::to_string(t.group_q);
+    if (p.dtype == DType::bfloat16 && !p.kvcache) {
+      k.detail += " bf16 products: " + std::string(ks.bf16_products);
+      if (p.is_backward() && ks.bf16_products != cpu::KernelSet::kFloat32Products)
+        k.detail += " (float32 FMAs when Q, K, V or dO holds an Inf or NaN)";
+    }
     if (p.kvcache) {
       const cpu::DecodePlan d = cpu::decode_plan(p, k.threads);
       k.kernel = "cpu_flash_decode";

@@ -19,10 +19,10 @@
 // [Hq, total_q, D]; the parts are summed in a fixed order at the end. For a given thread count the result
 // is bitwise reproducible. The buffers are linear in Sq; `parts` is 1 when B·Hkv already feeds the threads.
 //
-// Compiled into the AMX kernel sets too (FT_AMX, amx_tiles.h): there a bf16 call runs the five products on AMX
-// tiles (key_tile_amx below): the operands as the inputs' bf16 bits, P and dS rounded to bf16, float32
-// accumulators; S is Q·Kᵀ on the unscaled bf16 Q, scaled afterwards, and dK is scaled once when written. The
-// products take whole 32 x 32 blocks, masked entries of P and dS being exact zeros; a call whose Q, K, V or dO
+// In the sets with bf16 tile products (bf16_tiles.h: the AMX sets and the dot-product pair sets) a bf16 call runs
+// the five products on them (key_tile_bf16 below): the operands as the inputs' bf16 bits, P and dS rounded to bf16,
+// float32 accumulators; S is Q·Kᵀ on the unscaled bf16 Q, scaled afterwards, and dK is scaled once when written.
+// The products take whole 32 x 32 blocks, masked entries of P and dS being exact zeros; a call whose Q, K, V or dO
 // holds an Inf or NaN (0 · Inf = NaN) runs the float32 products instead (checked once per call, with D).
 #include <algorithm>
 #include <atomic>
@@ -41,9 +41,7 @@
 #include "cpu/scratch.h"
 #include "cpu/score_row.h"
 #include "cpu/tile_ops.h"
-#ifdef FT_AMX
-#include "cpu/amx_tiles.h"
-#endif
+#include "cpu/bf16_tiles.h"  // FT_BF16_TILES: the bf16 tile products of this set, if it has them
 
 #ifndef FT_ISA_NS
 #error "FT_ISA_NS must name the ISA namespace"
@@ -87,20 +85,20 @@ struct BwdScratch {
         hi(zeroed<int>(t.block_q)) {}
 };
 
-#ifdef FT_AMX
-// The AMX products' operands (amx_tiles.h layouts: A row-major bf16, B as pairs along the summed dimension), sizes
-// rounded up to the 32-row / 32-column blocks; padding rows and columns stay zero.
+#ifdef FT_BF16_TILES
+// The bf16 products' operands (A row-major bf16, B as pairs along the summed dimension), sizes rounded up to the
+// 32-row / 32-column blocks; padding rows and columns stay zero.
 //   per key tile: ktp = Kᵀ as pairs of head-dim entries per key [D32/2][bk][2] (for S), vtp = Vᵀ likewise [Dv32/2]
 //                 [bk][2] (for dP), kp = K as pairs of keys per head-dim column [bk/2][D32][2] (for dQ);
 //   per query tile: q16 [bq][D32], do16 [bq][Dv32] (row-major, for S and dP), qp [bq/2][D32][2] and dop
 //                 [bq/2][Dv32][2] (pairs of rows, for dK and dV);
 //   per pair: pt [bk][bq] = Pᵀ, ds [bq][bk], dst [bk][bq] = dSᵀ in bf16; dq [bq][D32] the pair's dQ;
 //   per key tile: dk [bk][D32], dv [bk][Dv32], float32 (dK unscaled).
-struct AmxScratch {
+struct PairScratch {
   int bq, bk, d32, dv32;
   Scratch<std::uint16_t> ktp, vtp, kp, q16, do16, qp, dop, pt, ds, dst;
   Scratch<float> dq, dk, dv;
-  AmxScratch(TileConfig t, std::int64_t d, std::int64_t dv_)
+  PairScratch(TileConfig t, std::int64_t d, std::int64_t dv_)
       : bq(t.block_q),
         bk(t.block_k),
         d32(static_cast<int>((d + 31) / 32 * 32)),
@@ -170,15 +168,15 @@ inline void zero_rows(std::uint16_t* x, int rows, int rows32, int cols) {
 }
 #endif
 
-// A worker's scratch: the float32 kernels' and, for an AMX call, the AMX layouts'.
+// A worker's scratch: the float32 kernels' and, for a call on bf16 tiles, the pair layouts'.
 struct TaskScratch {
   BwdScratch f;
-#ifdef FT_AMX
-  std::unique_ptr<AmxScratch> amx;
+#ifdef FT_BF16_TILES
+  std::unique_ptr<PairScratch> pairs;
 #endif
-  TaskScratch(TileConfig t, std::int64_t d, std::int64_t dv, [[maybe_unused]] bool amx_call) : f(t, d, dv) {
-#ifdef FT_AMX
-    if (amx_call) amx = std::make_unique<AmxScratch>(t, d, dv);
+  TaskScratch(TileConfig t, std::int64_t d, std::int64_t dv, [[maybe_unused]] bool bf16_tiles) : f(t, d, dv) {
+#ifdef FT_BF16_TILES
+    if (bf16_tiles) pairs = std::make_unique<PairScratch>(t, d, dv);
 #endif
   }
 };
@@ -192,7 +190,7 @@ struct Shared {
   std::vector<float> delta;   // D = rowsum(dO ∘ O), [Hq, total_q]
   std::vector<float> dq;      // per-part dQ sums, [parts, Hq, total_q, padded(D)], unscaled
   std::vector<float> dsinks;  // per-sequence dsink terms, [B, Hq] (with sinks)
-  bool amx = false;           // the bf16 products on AMX tiles (FT_AMX sets, bf16, every input finite)
+  bool bf16_tiles = false;    // the products on bf16 tiles (FT_BF16_TILES sets, bf16, every input finite)
   std::int64_t row(const HeadInfo& head, std::int64_t b, std::int64_t i) const {
     return p.is_varlen() ? head.seq.q_row0 + i : b * p.seqlen_q + i;
   }
@@ -358,8 +356,8 @@ void key_tile(Shared& sh, BwdScratch& w, std::int64_t b, std::int64_t hk, std::i
   }
 }
 
-#ifdef FT_AMX
-// Whether every value of Q, K, V and dO is finite: the AMX products take whole blocks, where a masked P or dS
+#ifdef FT_BF16_TILES
+// Whether every value of Q, K, V and dO is finite: the tile products take whole blocks, where a masked P or dS
 // entry (exactly 0) meets the operand values of keys or rows it does not see, and 0 · Inf = NaN.
 bool inputs_finite(const AttnParams& p, int threads) {
   std::atomic<bool> finite{true};
@@ -388,8 +386,8 @@ bool inputs_finite(const AttnParams& p, int threads) {
   return finite.load();
 }
 
-// key_tile for bf16 inputs on AMX tiles (Shared::amx): the same steps, the products on AmxScratch's layouts.
-void key_tile_amx(Shared& sh, BwdScratch& w, AmxScratch& x, std::int64_t b, std::int64_t hk, std::int64_t part,
+// key_tile for bf16 inputs on bf16 tiles (Shared::bf16_tiles): the same steps, the products on PairScratch's layouts.
+void key_tile_bf16(Shared& sh, BwdScratch& w, PairScratch& x, std::int64_t b, std::int64_t hk, std::int64_t part,
                   std::int64_t k0) {
   const AttnParams& p = sh.p;
   const detail::SeqInfo seq = detail::sequence(p, b);
@@ -422,7 +420,7 @@ void key_tile_amx(Shared& sh, BwdScratch& w, AmxScratch& x, std::int64_t b, std:
   }
   std::fill_n(x.dk.get(), bk * d32, 0.0f);
   std::fill_n(x.dv.get(), bk * dv32, 0.0f);
-  amx::configure();
+  tiles::begin();
 
   const std::int64_t group = p.group();
   for (std::int64_t g = 0; g < group; ++g) {
@@ -453,7 +451,7 @@ void key_tile_amx(Shared& sh, BwdScratch& w, AmxScratch& x, std::int64_t b, std:
       row_pairs(x.q16.get(), rows32, d32, x.qp.get());
       row_pairs(x.do16.get(), rows32, dv32, x.dop.get());
       clock.skip();
-      amx::gemm(rows32, n32, d32 / 32, x.q16.get(), d32, x.ktp.get(), 2 * bk, w.s.get(), w.lds, false);  // S = Q Kᵀ
+      tiles::gemm(rows32, n32, d32 / 32, x.q16.get(), d32, x.ktp.get(), 2 * bk, w.s.get(), w.lds, false);  // S = Q Kᵀ
       clock.mark(kProducts);
       probabilities(head, w, tm, q0, rows, k0, n, p.softmax_scale);
       // Pᵀ in bf16: the rows rounded (masked entries are 0 already), then transposed; padding 0.
@@ -464,8 +462,8 @@ void key_tile_amx(Shared& sh, BwdScratch& w, AmxScratch& x, std::int64_t b, std:
       transpose16(x.ds.get(), bk, rows32, n32, x.pt.get(), bq);
       clock.mark(kExp);
       // dV += Pᵀ dO, dP = dO Vᵀ
-      amx::gemm(n32, dv32, rows32 / 32, x.pt.get(), bq, x.dop.get(), 2 * dv32, x.dv.get(), dv32, true);
-      amx::gemm(rows32, n32, dv32 / 32, x.do16.get(), dv32, x.vtp.get(), 2 * bk, w.dp.get(), w.lds, false);
+      tiles::gemm(n32, dv32, rows32 / 32, x.pt.get(), bq, x.dop.get(), 2 * dv32, x.dv.get(), dv32, true);
+      tiles::gemm(rows32, n32, dv32 / 32, x.do16.get(), dv32, x.vtp.get(), 2 * bk, w.dp.get(), w.lds, false);
       clock.mark(kProducts);
       for (int r = 0; r < rows; ++r) {  // dS = P ∘ (dP − D) [∘ (1 − tanh²)], in bf16
         ds_row(w, r, n, softcap);
@@ -474,16 +472,16 @@ void key_tile_amx(Shared& sh, BwdScratch& w, AmxScratch& x, std::int64_t b, std:
       }
       transpose16(x.ds.get(), bk, rows32, n32, x.dst.get(), bq);  // dSᵀ (rows rows .. rows32 zero from above)
       clock.mark(kDs);
-      amx::gemm(rows32, d32, n32 / 32, x.ds.get(), bk, x.kp.get(), 2 * d32, x.dq.get(), d32, false);  // dS K
+      tiles::gemm(rows32, d32, n32 / 32, x.ds.get(), bk, x.kp.get(), 2 * d32, x.dq.get(), d32, false);  // dS K
       float* dq = sh.dq_rows(part, h, sh.row(head, b, q0));
       const std::int64_t ldq = padded(p.hdim);
       for (int r = 0; r < rows; ++r)
         for (int c = 0; c < d; ++c) dq[r * ldq + c] += x.dq[static_cast<std::int64_t>(r) * d32 + c];
-      amx::gemm(n32, d32, rows32 / 32, x.dst.get(), bq, x.qp.get(), 2 * d32, x.dk.get(), d32, true);  // dK += dSᵀ Q
+      tiles::gemm(n32, d32, rows32 / 32, x.dst.get(), bq, x.qp.get(), 2 * d32, x.dk.get(), d32, true);  // dK += dSᵀ Q
       clock.mark(kProducts);
     }
   }
-  amx::release();
+  tiles::end();
   for (int j = 0; j < n; ++j) {
     BFloat16* dks = row_ptr<BFloat16>(p.dk, p.dk_stride, b, seq.k_row0 + k0 + j, hk);
     BFloat16* dvs = row_ptr<BFloat16>(p.dv, p.dv_stride, b, seq.k_row0 + k0 + j, hk);
@@ -518,21 +516,21 @@ void backward_typed(const AttnParams& p, TileConfig tile, int threads) {
   sh.dq.assign(static_cast<std::size_t>(sh.parts * p.heads_q * p.total_q * padded(p.hdim)), 0.0f);
   if (p.sinks != nullptr) sh.dsinks.assign(static_cast<std::size_t>(p.batch * p.heads_q), 0.0f);
   compute_delta<T>(sh, threads);
-#ifdef FT_AMX
-  if constexpr (std::is_same_v<T, BFloat16>) sh.amx = inputs_finite(p, threads);
+#ifdef FT_BF16_TILES
+  if constexpr (std::is_same_v<T, BFloat16>) sh.bf16_tiles = inputs_finite(p, threads);
 #endif
 
   const std::vector<std::int64_t> order = batch_order(p);
   parallel_tasks(
-      heads * sh.parts, threads, [&] { return TaskScratch(tile, p.hdim, p.hdim_v, sh.amx); },
+      heads * sh.parts, threads, [&] { return TaskScratch(tile, p.hdim, p.hdim_v, sh.bf16_tiles); },
       [&](TaskScratch& w, std::int64_t t) {
         const std::int64_t bh = t / sh.parts, part = t % sh.parts;
         const std::int64_t b = order[static_cast<std::size_t>(bh / p.heads_kv)], hk = bh % p.heads_kv;
         for (std::int64_t kt = part; kt < n_kt; kt += sh.parts) {
-#ifdef FT_AMX
+#ifdef FT_BF16_TILES
           if constexpr (std::is_same_v<T, BFloat16>) {
-            if (sh.amx) {
-              key_tile_amx(sh, w.f, *w.amx, b, hk, part, kt * tile.block_k);
+            if (sh.bf16_tiles) {
+              key_tile_bf16(sh, w.f, *w.pairs, b, hk, part, kt * tile.block_k);
               continue;
             }
           }
