@@ -1,5 +1,7 @@
-"""What bench/gpu_ab.py and bench/cpu_ab.py share: torch's SDPA on one backend as the peer call, and the rounds
-that time every call in turn in an order drawn per round, so that no build keeps the slot after another's."""
+"""What bench/gpu_ab.py, bench/cpu_ab.py and bench/decode_ab.py share: torch's SDPA on one backend as the peer call,
+the rounds that time every call in turn in an order drawn per round, so that no build keeps the slot after another's,
+and a call run under a forced CPU kernel set."""
+import os
 import random
 
 import torch
@@ -34,3 +36,21 @@ def shuffled_rounds(calls, rounds, timer, seed=0):
         for n in order:
             times[n].append(timer(calls[n]))
     return times
+
+
+def with_isa(fn, isa):
+    """fn with FLASHTILE_CPU_ISA = isa while it runs (isa None: as the process has it)."""
+    if isa is None:
+        return fn
+
+    def call():
+        old = os.environ.get("FLASHTILE_CPU_ISA")
+        os.environ["FLASHTILE_CPU_ISA"] = isa
+        try:
+            return fn()
+        finally:
+            if old is None:
+                del os.environ["FLASHTILE_CPU_ISA"]
+            else:
+                os.environ["FLASHTILE_CPU_ISA"] = old
+    return call

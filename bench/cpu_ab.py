@@ -24,7 +24,7 @@ import torch
 from torch.nn.attention import SDPBackend
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ab_common import shuffled_rounds, sdpa_peer  # noqa: E402
+from ab_common import sdpa_peer, shuffled_rounds, with_isa  # noqa: E402
 from decode import median_s  # noqa: E402
 from gpu_bench import FlashTile  # noqa: E402  (the ctypes binding; CPU tensors give device -1)
 
@@ -36,24 +36,6 @@ def cpu_model():
             return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         return platform.processor() or "?"
-
-
-def with_isa(fn, isa):
-    """fn with FLASHTILE_CPU_ISA = isa while it runs (isa None: as the process has it)."""
-    if isa is None:
-        return fn
-
-    def call():
-        old = os.environ.get("FLASHTILE_CPU_ISA")
-        os.environ["FLASHTILE_CPU_ISA"] = isa
-        try:
-            return fn()
-        finally:
-            if old is None:
-                del os.environ["FLASHTILE_CPU_ISA"]
-            else:
-                os.environ["FLASHTILE_CPU_ISA"] = old
-    return call
 
 
 def cell(libs, d, s, causal, direction, dtype, iters, rounds, isas=None):

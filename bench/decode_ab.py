@@ -15,14 +15,16 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from decode import cell_inputs, flashtile_decode, median_s  # noqa: E402  bench/decode.py's cells, call, timing
 from gpu_bench import FlashTile  # noqa: E402  the ctypes binding of the C ABI
+from ab_common import with_isa  # noqa: E402
 
 
-def cell(fts, sq, b, length, rounds=7, calls=9):
+def cell(fts, sq, b, length, rounds=7, calls=9, isas=None):
     t = cell_inputs(b, sq, length)
     res = {n: [] for n in fts}
     for rnd in range(rounds):
         for n in (list(fts) if rnd % 2 == 0 else list(fts)[::-1]):
-            res[n].append(median_s(lambda: flashtile_decode(fts[n], t), calls, warmup=1))
+            fn = with_isa(lambda: flashtile_decode(fts[n], t), (isas or {}).get(n))
+            res[n].append(median_s(fn, calls, warmup=1))
     return {n: t.kv_bytes / 1e9 / statistics.median(r) for n, r in res.items()}
 
 
@@ -31,7 +33,10 @@ def main():
     ap.add_argument("--libs", required=True, help="name=path,name=path")
     ap.add_argument("--cells", default="16:1:4096,16:8:4096,16:1:32768,1:1:32768,1:8:4096", help="sq:batch:keys,...")
     ap.add_argument("--png", default=None, help="also draw the table as grouped bars (matplotlib)")
+    ap.add_argument("--isa", default="", help="name=ISA,...: FLASHTILE_CPU_ISA around that build's calls (one library "
+                    "under two names compares two of its kernel sets)")
     args = ap.parse_args()
+    isas = dict(x.split("=", 1) for x in args.isa.split(",") if x)
     fts = {n: FlashTile(p) for n, p in (a.split("=", 1) for a in args.libs.split(","))}
     names = list(fts)
     rows = []
@@ -39,7 +44,7 @@ def main():
     print("|---:|---:|---:|" + "---:|" * (len(names) + 1))
     for c in args.cells.split(","):
         sq, b, length = (int(x) for x in c.split(":"))
-        r = cell(fts, sq, b, length)
+        r = cell(fts, sq, b, length, isas=isas)
         rows.append((f"Sq {sq}, B {b}, {length // 1024}k", r))
         print(f"| {sq} | {b} | {length} | " + " | ".join(f"{r[n]:.1f}" for n in names)
               + f" | {r[names[-1]] / r[names[0]]:.2f} |", flush=True)

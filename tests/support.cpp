@@ -379,6 +379,14 @@ void expect_close(const char* what, const std::vector<double>& got, const std::v
                       << flashtile::dtype_name(dtype) << " " << std_err << ", tolerance " << tol;
 }
 
+std::string bf16_products_of(std::string_view isa) {
+  if (isa == "avx512-amx") return "AMX tiles (tdpbf16ps)";
+  if (isa == "avx2-amxemu") return "AMX tiles, emulated";
+  if (isa == "avx512-bf16") return "vdpbf16ps pairs";
+  if (isa == "avx2-bf16emu") return "bf16 dot-product pairs, emulated on FMAs";
+  return "float32 FMAs on converted tiles";
+}
+
 ScopedCpuIsa::ScopedCpuIsa(const char* value) {
   const char* now = std::getenv("FLASHTILE_CPU_ISA");
   had_ = now != nullptr;

@@ -9,6 +9,7 @@
 #include <ostream>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "flashtile/flashtile.h"
@@ -121,6 +122,10 @@ double backward_magnitude(const Results& ref);
 double score_magnitude(const Problem& p);
 // Machine epsilon of the dtype.
 double eps(DType t);
+
+// What a CPU kernel set's bf16 products run on, as its dispatch report names them (src/cpu/isa.cpp kSets): the
+// expectation of the report tests.
+std::string bf16_products_of(std::string_view isa);
 
 // Sets FLASHTILE_CPU_ISA (value non-null) or clears it (null) for a scope, and restores what it was: a test
 // that forces or clears the path must leave the rest of a one-process run (a forced-ISA run of the whole

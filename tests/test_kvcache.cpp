@@ -197,11 +197,14 @@ TEST_P(KvCache, MatchesOracleAndAppendsInPlace) {
   }
   EXPECT_NE(report.ran.mask.find(kc.page > 0 ? "paged_kvcache+" : "kvcache+"), std::string::npos) << report.to_string();
   // The report names how the products ran: per row below 16 rows of a KV head (G · Sq), else a matrix product,
-  // on AMX tiles in an AMX set for bf16 with head dims multiples of 32, in float32 otherwise.
+  // on the set's bf16 tile products (AMX tiles or dot-product pairs) for bf16 with head dims multiples of 32, in
+  // float32 otherwise.
   const std::int64_t rows = kc.v.hq / kc.v.hkv * kc.v.sq;
-  const bool amx = report.ran.isa.find("amx") != std::string::npos && kc.v.dtype == DType::bfloat16 &&
-                   kc.v.d % 32 == 0 && kc.v.dv % 32 == 0;
-  const char* products = rows < 16 ? "products: per-row" : amx ? "products: AMX tiles" : "products: float32 matrix";
+  const std::string tiles = bf16_products_of(report.ran.isa);
+  const bool on_tiles = tiles != "float32 FMAs on converted tiles" && kc.v.dtype == DType::bfloat16 &&
+                        kc.v.d % 32 == 0 && kc.v.dv % 32 == 0;
+  const std::string products =
+      rows < 16 ? "products: per-row" : on_tiles ? "products: " + tiles : "products: float32 matrix";
   EXPECT_NE(report.ran.detail.find(products), std::string::npos) << report.to_string();
   expect_var_close(p, var_oracle(p, false), var_standard(p, false), false);
   EXPECT_TRUE(same_contents(cache.k->to_double(), cache.k_after)) << "k_cache";
@@ -273,7 +276,7 @@ std::vector<KvCase> cases() {
   tall.v.causal = true;
   out.push_back(tall);
   // Speculative decoding in bf16 with whole row tiles per KV head (16 tokens x G 4 = 64 rows): the matrix path,
-  // on AMX tiles where the kernel set has them (avx512-amx, avx2-amxemu); paged, causal, split in two.
+  // on bf16 tiles where the kernel set has them (AMX or dot-product pairs); paged, causal, split in two.
   KvCase spec = kv(var("Spec16_paged16_causal_bf16", 2, 16, {300, 70}, 8, 2, 128, 128, DType::bfloat16), 16, 16);
   spec.v.causal = true;
   spec.splits = 2;

@@ -77,7 +77,8 @@ class CpuFlash final : public Backend {
       k.block_q = cpu::kDecodeRows;
       k.block_k = cpu::kDecodeKeys;
       k.splits = d.splits;
-      k.detail += " gqa_rows=" + std::to_string(p.group() * p.seqlen_q) + " products: " + d.products(p, ks.amx_decode) +
+      const std::string_view tiles = ks.tile_decode ? ks.bf16_products : std::string_view{};
+      k.detail += " gqa_rows=" + std::to_string(p.group() * p.seqlen_q) + " products: " + d.products(p, tiles) +
                   " splits: " + d.reason();
     }
     return k;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "core/params.h"
 
@@ -18,11 +19,12 @@ constexpr int kDecodeKeys = 64;
 // A split gets at least this many keys: below it the merge and the per-task setup cost more than they save.
 constexpr std::int64_t kMinKeysPerSplit = 512;
 // From this many rows of one KV head on in a tile (Sq · G, e.g. speculative decoding), its products run as matrix
-// products (flash_decode.cpp): on AMX tiles in the sets that have them, for bf16 caches whose head dims are
-// multiples of 32 (the tile products' step; decode_on_amx_tiles), else in float32 on the block converted once.
+// products (flash_decode.cpp): on the bf16 tile products of the sets that have them (bf16_tiles.h: AMX tiles or
+// vdpbf16ps pairs), for bf16 caches whose head dims are multiples of 32 (the tile products' step;
+// decode_on_bf16_tiles), else in float32 on the block converted once.
 // Below it, per row: a matrix product would waste most of its rows.
 constexpr int kMatrixRows = 16;
-constexpr bool decode_on_amx_tiles(DType dtype, std::int64_t d, std::int64_t dv) {
+constexpr bool decode_on_bf16_tiles(DType dtype, std::int64_t d, std::int64_t dv) {
   return dtype == DType::bfloat16 && d % 32 == 0 && dv % 32 == 0;
 }
 
@@ -57,9 +59,12 @@ struct DecodePlan {
            " threads, up to " + std::to_string(keys) + " keys";
   }
 
-  // How the tiles' products run, for the dispatch report (amx: the kernel set has AMX tiles).
-  std::string products(const detail::AttnParams& p, bool amx) const {
-    const std::string matrix = amx && decode_on_amx_tiles(p.dtype, p.hdim, p.hdim_v) ? "AMX tiles" : "float32 matrix";
+  // How the tiles' products run, for the dispatch report (on_tiles: the kernel set's bf16 tile products, empty if
+  // it has none).
+  std::string products(const detail::AttnParams& p, std::string_view on_tiles) const {
+    const std::string matrix = !on_tiles.empty() && decode_on_bf16_tiles(p.dtype, p.hdim, p.hdim_v)
+                                   ? std::string(on_tiles)
+                                   : "float32 matrix";
     if (rows_per_head < kMatrixRows) return "per-row dot products";
     const std::int64_t tail = rows_per_head % kDecodeRows;
     return matrix + (tail > 0 && tail < kMatrixRows ? " (a head's last " + std::to_string(tail) + " rows per row)" : "");

@@ -31,8 +31,8 @@
 #include "cpu/scratch.h"
 #include "cpu/simd.h"
 #include "cpu/tile_ops.h"
-#if defined(FT_AMX)
-#include "cpu/amx_tiles.h"
+#include "cpu/bf16_tiles.h"  // FT_BF16_TILES: this set's bf16 tile products (AMX tiles or vdpbf16ps pairs)
+#ifdef FT_BF16_TILES
 #include "cpu/pair_cache.h"  // softmax_16_rows_to_bf16
 #include "cpu/pair_pack.h"
 #endif
@@ -221,8 +221,9 @@ struct DecodeScratch {
   Scratch<std::int64_t> koff, voff;
   Scratch<const T*> kp, vp;
   Scratch<float> kt, vf, pv;  // the matrix-product path (many rows): Kᵀ, V and P·V of a block in float
-#if defined(FT_AMX)
-  // The matrix path on AMX tiles (bf16): Q's bits, the block's Kᵀ and V as pairs, P in bf16 (block_rows_amx).
+#ifdef FT_BF16_TILES
+  // The matrix path on bf16 tiles (bf16_tiles.h): Q's bits, the block's Kᵀ and V as pairs, P in bf16
+  // (block_rows_bf16).
   // A head's products run over whole 32-row blocks, past its last row: q16, s and pb have 32 rows more.
   Scratch<std::uint16_t> q16, ktp, vtp, pb;
 #endif
@@ -245,7 +246,7 @@ struct DecodeScratch {
         kt(zeroed<float>(static_cast<std::int64_t>(d_) * kDecodeKeys)),
         vf(zeroed<float>(static_cast<std::int64_t>(kDecodeKeys) * ldv)),
         pv(zeroed<float>(static_cast<std::int64_t>(kDecodeRows) * ldv)),
-#if defined(FT_AMX)
+#ifdef FT_BF16_TILES
         q16(zeroed<std::uint16_t>(static_cast<std::int64_t>(kDecodeRows + 32) * d_)),
         ktp(zeroed<std::uint16_t>(static_cast<std::int64_t>(d_) * kDecodeKeys)),
         vtp(zeroed<std::uint16_t>(static_cast<std::int64_t>(kDecodeKeys) * dv_)),
@@ -330,12 +331,12 @@ void block_rows_gemm(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPo
   add_rows(rows, w.ldv, w.pv.get(), w.acc.get() + static_cast<std::int64_t>(r_begin) * w.ldv);
 }
 
-#if defined(FT_AMX)
-// The matrix path on AMX tiles, for bf16 caches whose head dims are multiples of 32 (decode_on_amx_tiles):
-// S = Q·Kᵀ on Q's own bits (the softmax scale then multiplies S, as the AMX forward does), P rounded to bf16
-// for P·V, float32 accumulation. The block is packed as the products read it: Kᵀ as pairs of head-dim entries
-// per key ([d / 2][kDecodeKeys][2], a 32-bit transpose of the K rows) and V as pairs of keys per column
-// ([kDecodeKeys / 2][dv][2]), keys n .. n32 zero. A block holding an Inf or NaN value takes the float32 path
+#ifdef FT_BF16_TILES
+// The matrix path on bf16 tiles (AMX or vdpbf16ps pairs, bf16_tiles.h), for bf16 caches whose head dims are
+// multiples of 32 (decode_on_bf16_tiles): S = Q·Kᵀ on Q's own bits (the softmax scale then multiplies S, as the
+// AMX forward does), P rounded to bf16 for P·V, float32 accumulation. The block is packed as the products read it:
+// Kᵀ as pairs of head-dim entries per key ([d / 2][kDecodeKeys][2], a 32-bit transpose of the K rows) and V as
+// pairs of keys per column ([kDecodeKeys / 2][dv][2]), keys n .. n32 zero. A block holding an Inf or NaN value takes the float32 path
 // (block_rows_gemm): a masked key's P = 0 would meet it as 0 · Inf = NaN.
 
 // Packs the block (w.kp / w.vp, n keys); returns whether a V value is Inf or NaN.
@@ -382,7 +383,7 @@ bool plain_block(const DecodeScratch<BFloat16>& w, int r_begin, int r_end, int n
 }
 #endif
 
-void block_rows_amx(DecodeScratch<BFloat16>& w, const RowTile& t, const detail::MaskPolicy& mask, int r_begin,
+void block_rows_bf16(DecodeScratch<BFloat16>& w, const RowTile& t, const detail::MaskPolicy& mask, int r_begin,
                     int r_end, std::int64_t k0, int n, bool partial, int d, int dv, float scale,
                     const Lookahead<BFloat16>& ahead) {
   for (int j = 0; j < n; ++j) {
@@ -394,8 +395,8 @@ void block_rows_amx(DecodeScratch<BFloat16>& w, const RowTile& t, const detail::
   const int rows = r_end - r_begin, rows32 = (rows + 31) / 32 * 32, n32 = (n + 31) / 32 * 32;
   float* s = w.s.get() + static_cast<std::int64_t>(r_begin) * kDecodeKeys;
   float* acc = w.acc.get() + static_cast<std::int64_t>(r_begin) * w.ldv;
-  amx::gemm(rows32, n32, d / 32, w.q16.get() + static_cast<std::int64_t>(r_begin) * d, d, w.ktp.get(), 2 * kDecodeKeys,
-            s, kDecodeKeys, false);
+  tiles::gemm(rows32, n32, d / 32, w.q16.get() + static_cast<std::int64_t>(r_begin) * d, d, w.ktp.get(),
+              2 * kDecodeKeys, s, kDecodeKeys, false);
   std::uint16_t* pb = w.pb.get() + static_cast<std::int64_t>(r_begin) * kDecodeKeys;
 #if FT_SIMD_WIDTH == 16 && defined(__AVX512BF16__)
   if (plain_block(w, r_begin, r_end, n, partial, scale)) {
@@ -421,9 +422,9 @@ void block_rows_amx(DecodeScratch<BFloat16>& w, const RowTile& t, const detail::
   // P·V lands on the rescaled output rows. A head's 32-row blocks that hold only its rows take it straight into
   // them (tile accumulate); else past its last row it would add into the next head's rows, so it goes through w.pv.
   if (rows == rows32) {
-    amx::gemm(rows32, dv, n32 / 32, pb, kDecodeKeys, w.vtp.get(), 2 * dv, acc, w.ldv, true);
+    tiles::gemm(rows32, dv, n32 / 32, pb, kDecodeKeys, w.vtp.get(), 2 * dv, acc, w.ldv, true);
   } else {
-    amx::gemm(rows32, dv, n32 / 32, pb, kDecodeKeys, w.vtp.get(), 2 * dv, w.pv.get(), w.ldv, false);
+    tiles::gemm(rows32, dv, n32 / 32, pb, kDecodeKeys, w.vtp.get(), 2 * dv, w.pv.get(), w.ldv, false);
     add_rows(rows, w.ldv, w.pv.get(), acc);
   }
 }
@@ -439,10 +440,10 @@ void block_rows(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPolicy&
   const T* const* vp = w.vp.get();
   if constexpr (!kPairs)
     if (r_end - r_begin >= kMatrixRows) {
-#if defined(FT_AMX)
+#ifdef FT_BF16_TILES
       if constexpr (std::is_same_v<T, BFloat16>)
-        if (decode_on_amx_tiles(DType::bfloat16, d, dv))
-          return block_rows_amx(w, t, mask, r_begin, r_end, k0, n, partial, d, dv, scale, ahead);
+        if (decode_on_bf16_tiles(DType::bfloat16, d, dv))
+          return block_rows_bf16(w, t, mask, r_begin, r_end, k0, n, partial, d, dv, scale, ahead);
 #endif
       (void)scale;
       return block_rows_gemm(w, t, mask, r_begin, r_end, k0, n, partial, d, dv, ahead);
@@ -496,16 +497,16 @@ void attend_tile(const AttnParams& p, DecodeScratch<T>& w, const RowTile& t, int
   const std::int64_t i0 = t.token(0), n_tok = t.token(t.per_head - 1) - i0 + 1;
 
   const bool pairs = PairOrder::applies<T>(d, dv, t.per_head);
-#if defined(FT_AMX)
-  // The tile products' path (block_rows_amx): Q's bits, and the thread's tile configuration for this tile.
-  const bool amx_tiles = decode_on_amx_tiles(p.dtype, d, dv) && t.per_head >= kMatrixRows;
+#ifdef FT_BF16_TILES
+  // The tile products' path (block_rows_bf16): Q's bits, and the thread's tile configuration for this tile.
+  const bool bf16_tiles = decode_on_bf16_tiles(p.dtype, d, dv) && t.per_head >= kMatrixRows;
 #endif
   for (int r = 0; r < rows; ++r) {
     float* dst = w.q.get() + static_cast<std::int64_t>(r) * w.ldq;
     const T* src = row_ptr<T>(p.q, p.q_stride, t.b, t.token(r), t.head(r));
     for (int c = 0; c < d; ++c) dst[pairs ? PairOrder::slot(c) : c] = to_float(src[c]) * p.softmax_scale;
-#if defined(FT_AMX)
-    if (amx_tiles)
+#ifdef FT_BF16_TILES
+    if (bf16_tiles)
       std::memcpy(w.q16.get() + static_cast<std::int64_t>(r) * d, src, sizeof(T) * static_cast<std::size_t>(d));
 #endif
     if (split == 0) {  // the sink enters one split only, so that the merge counts it once
@@ -530,8 +531,8 @@ void attend_tile(const AttnParams& p, DecodeScratch<T>& w, const RowTile& t, int
     }
     return n;
   };
-#if defined(FT_AMX)
-  if (amx_tiles) amx::configure();
+#ifdef FT_BF16_TILES
+  if (bf16_tiles) tiles::begin();
 #endif
   int half = 0;
   int n = keys.begin < keys.end ? gather(keys.begin, half) : 0;
@@ -571,8 +572,8 @@ void attend_tile(const AttnParams& p, DecodeScratch<T>& w, const RowTile& t, int
     }
   }
 
-#if defined(FT_AMX)
-  if (amx_tiles) amx::release();
+#ifdef FT_BF16_TILES
+  if (bf16_tiles) tiles::end();
 #endif
   // The rows' results: final (one split) or a partial for the merge, [row][split][dv + 1] with the LSE last.
   for (int r = 0; r < rows; ++r) {

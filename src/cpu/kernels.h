@@ -24,7 +24,7 @@ struct KernelSet {
   bool (*chosen_by_itself)() = [] { return true; };
   // Forward tile sizes for a head dim and dtype (tile_config.h); the backward's are backward_tile_config.
   TileConfig (*forward_tiles)(std::int64_t hdim, DType dtype) = &default_forward_tiles;
-  bool amx_decode = false;  // its decode runs many-row tiles on AMX tiles (decode_plan.h decode_on_amx_tiles)
+  bool tile_decode = false;  // its decode runs many-row tiles on its bf16 tile products (decode_on_bf16_tiles)
   // What the products of a bf16 forward or backward run on (the dispatch report's "bf16 products").
   std::string_view bf16_products = kFloat32Products;
   static constexpr std::string_view kFloat32Products = "float32 FMAs on converted tiles";
@@ -55,15 +55,17 @@ FLASHTILE_DECLARE_ISA(scalar)
 FLASHTILE_DECLARE_ISA(avx2)
 FLASHTILE_DECLARE_ISA(avx512)
 #undef FLASHTILE_DECLARE_ISA
-// Sets whose bf16 forward and backward run on bf16 dot-product pairs (bf16_pairs.h); their other dtypes run the
-// float32 kernels, their decode is the float32 set's.
+// Sets whose bf16 forward, backward and many-row decode run on bf16 dot-product pairs (bf16_pairs.h); their other
+// dtypes run the float32 kernels.
 namespace avx512_bf16 {
 void forward(const detail::AttnParams& p, TileConfig tile, int threads);
 void backward(const detail::AttnParams& p, TileConfig tile, int threads);
+void decode(const detail::AttnParams& p, const DecodePlan& plan, int threads);
 }
 namespace avx2_bf16emu {
 void forward(const detail::AttnParams& p, TileConfig tile, int threads);
 void backward(const detail::AttnParams& p, TileConfig tile, int threads);
+void decode(const detail::AttnParams& p, const DecodePlan& plan, int threads);
 }
 // Sets whose bf16 forward and backward run on AMX tiles (amx_tiles.h); the emulated one is for the tests.
 namespace avx512_amx {
