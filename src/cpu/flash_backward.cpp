@@ -386,9 +386,10 @@ bool inputs_finite(const AttnParams& p, int threads) {
   return finite.load();
 }
 
-// key_tile for bf16 inputs on bf16 tiles (Shared::bf16_tiles): the same steps, the products on PairScratch's layouts.
+// key_tile for bf16 inputs on bf16 tiles (Shared::bf16_tiles): the same steps, the products on PairScratch's
+// layouts.
 void key_tile_bf16(Shared& sh, BwdScratch& w, PairScratch& x, std::int64_t b, std::int64_t hk, std::int64_t part,
-                  std::int64_t k0) {
+                   std::int64_t k0) {
   const AttnParams& p = sh.p;
   const detail::SeqInfo seq = detail::sequence(p, b);
   if (k0 >= seq.seqlen_k) return;

@@ -336,8 +336,8 @@ void block_rows_gemm(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPo
 // multiples of 32 (decode_on_bf16_tiles): S = Q·Kᵀ on Q's own bits (the softmax scale then multiplies S, as the
 // AMX forward does), P rounded to bf16 for P·V, float32 accumulation. The block is packed as the products read it:
 // Kᵀ as pairs of head-dim entries per key ([d / 2][kDecodeKeys][2], a 32-bit transpose of the K rows) and V as
-// pairs of keys per column ([kDecodeKeys / 2][dv][2]), keys n .. n32 zero. A block holding an Inf or NaN value takes the float32 path
-// (block_rows_gemm): a masked key's P = 0 would meet it as 0 · Inf = NaN.
+// pairs of keys per column ([kDecodeKeys / 2][dv][2]), keys n .. n32 zero. A block holding an Inf or NaN value takes
+// the float32 path (block_rows_gemm): a masked key's P = 0 would meet it as 0 · Inf = NaN.
 
 // Packs the block (w.kp / w.vp, n keys); returns whether a V value is Inf or NaN.
 inline bool pack_pairs(DecodeScratch<BFloat16>& w, int n, int d, int dv) {
@@ -384,8 +384,8 @@ bool plain_block(const DecodeScratch<BFloat16>& w, int r_begin, int r_end, int n
 #endif
 
 void block_rows_bf16(DecodeScratch<BFloat16>& w, const RowTile& t, const detail::MaskPolicy& mask, int r_begin,
-                    int r_end, std::int64_t k0, int n, bool partial, int d, int dv, float scale,
-                    const Lookahead<BFloat16>& ahead) {
+                     int r_end, std::int64_t k0, int n, bool partial, int d, int dv, float scale,
+                     const Lookahead<BFloat16>& ahead) {
   for (int j = 0; j < n; ++j) {
     ahead.next_k.fetch(j);
     ahead.next_v.fetch(j);

@@ -83,12 +83,13 @@ const KernelSet kSets[] = {
      true, "AMX tiles, emulated"},
     {"avx512", &avx512::forward, &avx512::backward, &avx512::decode, &always, &avx512_forward_tiles},
     // bf16 forward, backward and many-row decode on vdpbf16ps. Automatic only on CPUs without AMX-BF16
-    // (bf16_dots_pay): on the Xeon (Sapphire Rapids class) of the GPU machine vdpbf16ps peaked at 85 GFLOP/s per core against 171 for
-    // float32 FMAs (bench/fma_peak.cpp) and this set's bf16 forward ran at half the float32 kernels' speed
-    // (bench/results/cpu.md); on the AMD EPYC (Zen 4 class, no AMX) of 2026-12-02 vdpbf16ps peaked at 227
-    // against 113 and the forward ran 1.8-2.1x the float32 kernels on converted tiles, 304-325 GFLOP/s on 2
-    // cores (bench/results/cpu_epyc_1202.md). Elsewhere bf16 inputs take avx512's float32 kernels on tiles
-    // converted once per head; FLASHTILE_CPU_ISA=avx512-bf16 selects it.
+    // (bf16_dots_pay): on the Xeon (Sapphire Rapids class) of the GPU machine vdpbf16ps peaked at 85 GFLOP/s per
+    // core against 171 for float32 FMAs (bench/fma_peak.cpp) and this set's bf16 forward ran at half the float32
+    // kernels' speed (bench/results/cpu.md); on the AMD EPYC (Zen 4 class, no AMX) of 2026-12-02 vdpbf16ps peaked
+    // at 227 against 113 and the forward ran 1.8-2.1x the float32 kernels on converted tiles, 304-325 GFLOP/s on 2
+    // cores (bench/results/cpu_epyc_1202.md); on the AVX-512 EPYC of 2026-12-04 the backward ran 1.28-1.62x
+    // (cpu_epyc512_1204_pairs_bwd.md). Elsewhere bf16 inputs take avx512's float32 kernels on tiles converted once
+    // per head; FLASHTILE_CPU_ISA=avx512-bf16 selects it.
     {"avx512-bf16", &avx512_bf16::forward, &avx512_bf16::backward, &avx512_bf16::decode, &bf16_dots_pay,
      &avx512_bf16_forward_tiles, true, "vdpbf16ps pairs"},
     // bf16 forward, backward and many-row decode (speculative decoding) on AMX tiles (tdpbf16ps); float32/float16
