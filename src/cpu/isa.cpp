@@ -1,6 +1,6 @@
 // Run-time choice of the CPU kernel set. One binary carries a scalar (baseline x86-64 / any CPU), an
-// AVX2+FMA and an AVX-512 build of the same kernels, plus an AVX-512 build whose bf16 forward runs on
-// AVX512_BF16 dot products; the best one this CPU executes is used unless FLASHTILE_CPU_ISA forces another
+// AVX2+FMA and an AVX-512 build of the same kernels, plus an AVX-512 build whose bf16 forward, backward and
+// many-row decode run on AVX512_BF16 dot products; the best one this CPU executes is used unless FLASHTILE_CPU_ISA forces another
 // (tests force each path in turn). A further AVX-512 build runs bf16 forwards and backwards on AMX tiles where
 // the CPU has AMX-BF16 and the kernel grants the tile state. avx2-bf16emu and avx2-amxemu (test-only emulations)
 // are never chosen by themselves; avx512-bf16 only on CPUs without AMX-BF16 (see kSets and bf16_dots_pay).
