@@ -68,7 +68,7 @@ class CpuFlash final : public Backend {
     if (t.group_q > 1) k.detail += " query_tiles_per_key_pass=" + std::to_string(t.group_q);
     if (p.dtype == DType::bfloat16 && !p.kvcache) {
       k.detail += " bf16 products: " + std::string(ks.bf16_products);
-      if (p.is_backward() && ks.bf16_products != cpu::KernelSet::kFloat32Products)
+      if (p.is_backward() && ks.has_bf16_tiles())
         k.detail += " (float32 FMAs when Q, K, V or dO holds an Inf or NaN)";
     }
     if (p.kvcache) {
@@ -77,7 +77,7 @@ class CpuFlash final : public Backend {
       k.block_q = cpu::kDecodeRows;
       k.block_k = cpu::kDecodeKeys;
       k.splits = d.splits;
-      const std::string_view tiles = ks.tile_decode ? ks.bf16_products : std::string_view{};
+      const std::string_view tiles = ks.has_bf16_tiles() ? ks.bf16_products : std::string_view{};
       k.detail += " gqa_rows=" + std::to_string(p.group() * p.seqlen_q) + " products: " + d.products(p, tiles) +
                   " splits: " + d.reason();
     }

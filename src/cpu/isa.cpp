@@ -77,10 +77,10 @@ const KernelSet kSets[] = {
     {"avx2", &avx2::forward, &avx2::backward, &avx2::decode},
     // bf16 inputs on emulated pair products: slower than avx2, for the tests only.
     {"avx2-bf16emu", &avx2_bf16emu::forward, &avx2_bf16emu::backward, &avx2_bf16emu::decode, &never,
-     &default_forward_tiles, true, "bf16 dot-product pairs, emulated on FMAs"},
+     &default_forward_tiles, "bf16 dot-product pairs, emulated on FMAs"},
     // bf16 inputs on emulated AMX tiles: much slower than avx2, for the tests only.
     {"avx2-amxemu", &avx2_amxemu::forward, &avx2_amxemu::backward, &avx2_amxemu::decode, &never, &amx_forward_tiles,
-     true, "AMX tiles, emulated"},
+     "AMX tiles, emulated"},
     {"avx512", &avx512::forward, &avx512::backward, &avx512::decode, &always, &avx512_forward_tiles},
     // bf16 forward, backward and many-row decode on vdpbf16ps. Automatic only on CPUs without AMX-BF16
     // (bf16_dots_pay): on the Xeon (Sapphire Rapids class) of the GPU machine vdpbf16ps peaked at 85 GFLOP/s per
@@ -91,11 +91,11 @@ const KernelSet kSets[] = {
     // (cpu_epyc512_1204_pairs_bwd.md). Elsewhere bf16 inputs take avx512's float32 kernels on tiles converted once
     // per head; FLASHTILE_CPU_ISA=avx512-bf16 selects it.
     {"avx512-bf16", &avx512_bf16::forward, &avx512_bf16::backward, &avx512_bf16::decode, &bf16_dots_pay,
-     &avx512_bf16_forward_tiles, true, "vdpbf16ps pairs"},
+     &avx512_bf16_forward_tiles, "vdpbf16ps pairs"},
     // bf16 forward, backward and many-row decode (speculative decoding) on AMX tiles (tdpbf16ps); float32/float16
     // as avx512.
     {"avx512-amx", &avx512_amx::forward, &avx512_amx::backward, &avx512_amx::decode, &always,
-     &avx512_amx_forward_tiles, true, "AMX tiles (tdpbf16ps)"},
+     &avx512_amx_forward_tiles, "AMX tiles (tdpbf16ps)"},
 #endif
 };
 

@@ -24,10 +24,11 @@ struct KernelSet {
   bool (*chosen_by_itself)() = [] { return true; };
   // Forward tile sizes for a head dim and dtype (tile_config.h); the backward's are backward_tile_config.
   TileConfig (*forward_tiles)(std::int64_t hdim, DType dtype) = &default_forward_tiles;
-  bool tile_decode = false;  // its decode runs many-row tiles on its bf16 tile products (decode_on_bf16_tiles)
-  // What the products of a bf16 forward or backward run on (the dispatch report's "bf16 products").
+  // What the products of a bf16 forward, backward and many-row decode run on (the dispatch report's "bf16
+  // products"): the set's bf16 tile products (bf16_tiles.h), or the float32 kernels.
   std::string_view bf16_products = kFloat32Products;
   static constexpr std::string_view kFloat32Products = "float32 FMAs on converted tiles";
+  bool has_bf16_tiles() const { return bf16_products != kFloat32Products; }
 };
 
 // AMX sets: bf16 forwards on amx_tile_config, other dtypes on their float32 kernels' tiles (the emulated set's are
