@@ -12,7 +12,7 @@ the same over its kernels.
 A cell is batch:keys:page (Sq = 1; --sq for 16). --only ft|cudnn with --calls N runs N calls of one side without the
 profiler, inside an NVTX range "timed", for ncu (`ncu --nvtx --nvtx-include timed/ ... --only ft`).
 
---libs A=a.so,B=b.so is an A/B of builds in one process: per cell, every build's chain and cuDNN's in --rounds
+--libs A=a.so,B=b.so is an A/B of builds in one process (A=a.so@cuda-sm80: that build on that backend; default auto): per cell, every build's chain and cuDNN's in --rounds
 rounds in an order drawn per round (bench/ab_common.py), the median period and decode-kernel time of each;
 --splits-sweep 2,4,8 adds the first build at those num_splits. bench/plot_decode_ab.py draws such runs' printed output.
 """
@@ -33,7 +33,7 @@ from gpu_decode import D, FT_FIRST_OPS, HKV, HQ  # noqa: E402
 from gpu_profile import cuda_events  # noqa: E402
 
 
-def make_cell(ft, batch, keys, page, sq, splits=0, peer=True):
+def make_cell(ft, batch, keys, page, sq, splits=0, peer=True, backend="auto"):
     """FlashTile's call on a fresh cell, cuDNN's on its contiguous twin (None without `peer`), and K+V bytes."""
     g = torch.Generator(device="cuda").manual_seed(keys + 7 * batch + sq)
     bf = dict(device="cuda", dtype=torch.bfloat16, generator=g)
@@ -49,7 +49,7 @@ def make_cell(ft, batch, keys, page, sq, splits=0, peer=True):
         table = None
     k_new, v_new = torch.randn(batch, sq, HKV, D, **bf), torch.randn(batch, sq, HKV, D, **bf)
     ft_call = ft.kvcache_call(q, k, v, out, cache_seqlens=lens, block_table=table, k_new=k_new, v_new=v_new,
-                              num_splits=splits, causal=True, backend="cuda-sm80", strict=True,
+                              num_splits=splits, causal=True, backend=backend, strict=True,
                               async_index_check=True)
     kv_bytes = batch * keys * HKV * 2 * D * 2
     if not peer:
@@ -90,19 +90,24 @@ def chain(fn, calls, first):
 def ab(args):
     """The --libs A/B: per cell, the median over rounds of each call's period and of its longest kernel."""
     libs = dict(kv.split("=", 1) for kv in args.libs.split(","))
-    fts = {name: FlashTile(path) for name, path in libs.items()}
+    # name=path@backend: the build's call on that backend (default auto); one library loaded once.
+    backends = {name: (spec.split("@", 1) + ["auto"])[1] for name, spec in libs.items()}
+    loaded = {}
+    fts = {name: loaded.setdefault(spec.split("@")[0], FlashTile(spec.split("@")[0])) for name, spec in libs.items()}
     sweep = [int(x) for x in args.splits_sweep.split(",")] if args.splits_sweep else []
     ft_first = lambda n: any(f in n for f in FT_FIRST_OPS)
     for spec in args.cells.split(","):
         batch, keys, page = (int(x) for x in spec.split(":"))
         first = next(iter(fts))
-        ft_call, cudnn_call, kv_bytes = make_cell(fts[first], batch, keys, page, args.sq, args.splits)
+        ft_call, cudnn_call, kv_bytes = make_cell(fts[first], batch, keys, page, args.sq, args.splits,
+                                                  backend=backends[first])
         calls = {first: (ft_call, ft_first)}
         for name, ft in list(fts.items())[1:]:  # one cuDNN twin per cell, not one per build
-            calls[name] = (make_cell(ft, batch, keys, page, args.sq, args.splits, peer=False)[0], ft_first)
+            calls[name] = (make_cell(ft, batch, keys, page, args.sq, args.splits, peer=False,
+                                     backend=backends[name])[0], ft_first)
         for n in sweep:
-            calls[f"{first}/splits={n}"] = (make_cell(fts[first], batch, keys, page, args.sq, n, peer=False)[0],
-                                            ft_first)
+            calls[f"{first}/splits={n}"] = (make_cell(fts[first], batch, keys, page, args.sq, n, peer=False,
+                                                      backend=backends[first])[0], ft_first)
         calls["cuDNN"] = (cudnn_call, None)
 
         def timer(entry):

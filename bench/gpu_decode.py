@@ -121,7 +121,7 @@ def device_ms(fn, reps):
         return None
 
 
-def bench_cell(ft, cell, reps, peer_cache):
+def bench_cell(ft, cell, reps, peer_cache, backend="auto"):
     b, sq, keys, page = cell["batch"], cell["sq"], cell["keys"], cell["page"]
     dev = "cuda"
     g = torch.Generator(device=dev).manual_seed(keys + 7 * b + sq)
@@ -144,16 +144,16 @@ def bench_cell(ft, cell, reps, peer_cache):
 
     def flashtile_call(async_check=False):
         return ft.forward_kvcache(q, k, v, out, cache_seqlens=lens, block_table=table, k_new=k_new, v_new=v_new,
-                                  causal=True, backend="cuda-sm80", strict=True, async_index_check=async_check)
+                                  causal=True, backend=backend, strict=True, async_index_check=async_check)
 
     report = flashtile_call()
     row = {**cell, "kv_bytes": kv_bytes, "report": report}
     # The timed calls: the C ABI call with its arguments built once (bench/gpu_bench.py kvcache_call), as a C++
     # caller's decode loop makes it; the ctypes structures a Python wrapper would build per call are not FlashTile's.
     eager = ft.kvcache_call(q, k, v, out, cache_seqlens=lens, block_table=table, k_new=k_new, v_new=v_new,
-                            causal=True, backend="cuda-sm80", strict=True)
+                            causal=True, backend=backend, strict=True)
     lazy = ft.kvcache_call(q, k, v, out, cache_seqlens=lens, block_table=table, k_new=k_new, v_new=v_new,
-                           causal=True, backend="cuda-sm80", strict=True, async_index_check=True)
+                           causal=True, backend=backend, strict=True, async_index_check=True)
     row["flashtile_ms"] = time_ms(eager, reps)
     row["flashtile_device_ms"] = device_ms(eager, reps)
     row["flashtile_async_ms"] = time_ms(lazy, reps)  # no read-back, no wait
@@ -187,6 +187,12 @@ def bench_cell(ft, cell, reps, peer_cache):
     return row
 
 
+def kernel_of(report):
+    """The kernel that ran, from the report's first line: "ran <backend> / <kernel> [...]"."""
+    words = report.split()
+    return words[3] if len(words) > 3 and words[0] == "ran" else "?"
+
+
 def splits_of(report):
     return next((w.split("=")[1] for w in report.split() if w.startswith("splits=")), "?")
 
@@ -214,8 +220,8 @@ def markdown(meta, rows):
              "views of the contiguous cache (paged cells: the contiguous cell's peers, same values and work).", "",
              "| Sq | batch | keys | cache | FlashTile GB/s (events) | FlashTile GB/s (async) | FlashTile GB/s (device) "
              "| % peak (device) | flash GB/s | efficient GB/s | cuDNN GB/s | cuDNN GB/s (device) | events ÷ cuDNN "
-             "| device ÷ cuDNN device | events ÷ flash | host µs FlashTile | host µs flash | splits |",
-             "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| device ÷ cuDNN device | events ÷ flash | host µs FlashTile | host µs flash | splits | kernel |",
+             "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         dev, ev = r.get("flashtile_device_gbs"), r.get("flashtile_gbs")
         ratio = lambda x, peer: f"{x / r[peer]:.2f}×" if x and r.get(peer) else "—"
@@ -227,7 +233,7 @@ def markdown(meta, rows):
             f"| {fmt(r.get('flash_gbs'))} | {fmt(r.get('efficient_gbs'))} | {fmt(r.get('cudnn_gbs'))} "
             f"| {fmt(r.get('cudnn_device_gbs'))} | {ratio(ev, 'cudnn_gbs')} | {ratio(dev, 'cudnn_device_gbs')} "
             f"| {ratio(ev, 'flash_gbs')} "
-            f"| {host('flashtile_host_us')} | {host('flash_host_us')} | {splits_of(r['report'])} |")
+            f"| {host('flashtile_host_us')} | {host('flash_host_us')} | {splits_of(r['report'])} | {kernel_of(r['report'])} |")
     errors = sorted({f"{k[:-6]}: {v}" for r in rows for k, v in r.items() if k.endswith("_error")})
     if errors:
         lines += ["", "Peers that refused a cell:", ""] + [f"- {e}" for e in errors]
@@ -243,7 +249,7 @@ def plot(meta, rows, path):
               + (" ord" if r.get("in_order") else "")
               for r in rows]
     x = list(range(len(rows)))
-    series = [("flashtile_device_gbs", "FlashTile cuda-sm80 (device)", "C0"),
+    series = [("flashtile_device_gbs", "FlashTile (device)", "C0"),
               ("flashtile_async_gbs", "FlashTile (events, async_index_check)", "C4"),
               ("flashtile_gbs", "FlashTile (events, with read-back)", "C9"),
               ("flash_gbs", "torch SDPA flash", "C1"), ("cudnn_gbs", "torch SDPA cuDNN", "C3"),
@@ -270,6 +276,9 @@ def main():
     ap.add_argument("--quick", action="store_true", help="batch <= 8 and <= 32k keys only")
     ap.add_argument("--in-order", action="store_true", help="also each paged cell with its pages in order")
     ap.add_argument("--out", default=None, help="path stem for .json, .md and .png")
+    ap.add_argument("--backend", default="auto", help="FlashTile's backend (auto: cuda-sm90's wgmma kernel for the "
+                    "64-row tiles on Hopper, cuda-sm80's mma.sync kernel otherwise)")
+    ap.add_argument("--sq", default="1,16", help="query tokens per call, comma-separated")
     args = ap.parse_args()
     if args.reps < 20:
         sys.exit("--reps: at least 20")
@@ -283,7 +292,9 @@ def main():
     start = time.time()
     rows, peer_cache = [], {}
     for cell in cells(args.quick, args.in_order):
-        row = bench_cell(ft, cell, args.reps, peer_cache)
+        if str(cell["sq"]) not in args.sq.split(","):
+            continue
+        row = bench_cell(ft, cell, args.reps, peer_cache, args.backend)
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "report"}), flush=True)
     meta["seconds"] = round(time.time() - start, 1)

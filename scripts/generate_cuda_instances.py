@@ -5,7 +5,8 @@ One file per (direction, dtype, head-dim bucket, variant) so that builds paralle
 (CMake option FLASHTILE_CUDA_KERNELS, see src/cuda/CMakeLists.txt). The file name encodes the instance:
     {fwd,bwd}_{fp16,bf16}_hdim{D}_{plain,masked,hooks}.cu        cuda-sm80
     sm90_{fwd,bwd}_{fp16,bf16}_hdim{D}_{plain,masked,hooks}.cu   cuda-sm90 (compiled for sm_90a only)
-    decode_{fp16,bf16}_hdim{D}_{plain,masked,hooks}.cu           cuda-sm80's KV-cache decode (src/cuda/decode/)
+    decode_{fp16,bf16}_hdim{D}_{plain,masked,hooks}.cu           the KV-cache decode on mma.sync (src/cuda/decode/)
+    sm90_decode_{fp16,bf16}_hdim{D}_{plain,masked,hooks}.cu      the KV-cache decode on wgmma (sm_90a only)
 (variants: src/cuda/common/mask.h)
 Run it after changing the buckets (keep them equal to kHdimBuckets in src/cuda/sm80/tile_table.h and
 src/cuda/sm90/tile_table.h); the generated files are committed.
@@ -27,6 +28,7 @@ DIRECTIONS = {
     "sm90_fwd": ("sm90/fwd_launch.h", "run_fwd", "FwdParams", "sm90", SM90_HDIMS),
     "sm90_bwd": ("sm90/bwd_launch.h", "run_bwd", "BwdParams", "sm90", SM90_BWD_HDIMS),
     "decode": ("decode/decode_launch.h", "run_decode", "DecodeParams", "decode", DECODE_HDIMS),
+    "sm90_decode": ("decode/decode_launch_sm90.h", "run_decode_sm90", "DecodeParams", "decode", DECODE_HDIMS),
 }
 
 TEMPLATE = """\

@@ -176,12 +176,14 @@ if has_step sanitize; then
         --gtest_brief=1 >> "$OUT/sanitizer.log" 2>&1
       note "RACECHECK: rc=$? $(grep 'RACECHECK SUMMARY\|ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1) ($(( $(date +%s) - t0 )) s)"
     fi
-    # cuda-sm90, forward and backward
-    FT_GPU_BACKEND=cuda-sm90 timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 "$TESTBIN" \
-      --gtest_filter='Small/*:GpuDispatch.*:Variants/*_d64*' --gtest_brief=1 > "$OUT/sanitizer-sm90.log" 2>&1
+    # cuda-sm90: forward, backward and the wgmma decode kernel (the KV-cache cases of more than 16 packed rows)
+    FT_GPU_BACKEND=cuda-sm90 timeout 300 compute-sanitizer --tool memcheck --error-exitcode 3 "$TESTBIN" \
+      --gtest_filter='Small/*:GpuDispatch.*:Variants/*_d64*:Cases/GpuKvCache.*_sq16_g*:Cases/GpuKvCache.*_sq5_g*:GpuKvCacheDispatch.*' \
+      --gtest_brief=1 > "$OUT/sanitizer-sm90.log" 2>&1
     note "MEMCHECK cuda-sm90: rc=$? $(grep -m1 'ERROR SUMMARY' "$OUT/sanitizer-sm90.log") $(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$OUT/sanitizer-sm90.log" | tr '\n' ' ')"
     FT_GPU_BACKEND=cuda-sm90 timeout 180 compute-sanitizer --tool racecheck --error-exitcode 3 "$TESTBIN" \
-      --gtest_filter='Small/*q17_k65*:Small/*q130_k130*d64*' --gtest_brief=1 >> "$OUT/sanitizer-sm90.log" 2>&1
+      --gtest_filter='Small/*q17_k65*:Small/*q130_k130*d64*:Cases/GpuKvCache.*_sq16_g8*' --gtest_brief=1 \
+      >> "$OUT/sanitizer-sm90.log" 2>&1
     note "RACECHECK cuda-sm90: rc=$? $(grep 'RACECHECK SUMMARY\|ERROR SUMMARY' "$OUT/sanitizer-sm90.log" | tail -1)"
   else
     note "SANITIZER: compute-sanitizer not found"

@@ -49,7 +49,7 @@ class CudaSm80 final : public Backend {
       why.push_back("compute capability " + std::to_string(gpu->major) + "." + std::to_string(gpu->minor) + " of " +
                     gpu->name + " < 8.0 (mma.sync m16n8k16 bf16, cp.async)");
     if (p.kvcache) {  // the decode path (src/cuda/decode/) has its own buckets
-      cuda::decode::can_run(p, gpu->smem_optin, why);
+      cuda::decode::can_run(p, cuda::decode::DecodeMma::mma_sync, gpu->smem_optin, why);
       return why;
     }
     const std::int64_t dmax = std::max(p.hdim, p.hdim_v);
@@ -78,7 +78,7 @@ class CudaSm80 final : public Backend {
     const std::string arch = gpu != nullptr ? "sm_" + std::to_string(gpu->major) + std::to_string(gpu->minor) : "sm_80 path";
     k.isa = arch + " mma.sync.m16n8k16";
     if (p.kvcache) {
-      cuda::decode::describe(p, k);
+      cuda::decode::describe(p, cuda::decode::DecodeMma::mma_sync, k);
       return k;
     }
     std::ostringstream d;
@@ -118,7 +118,7 @@ class CudaSm80 final : public Backend {
     // The caller's stream (Options::cuda_stream); null is the legacy default stream, as PyTorch's default.
     cudaStream_t stream = static_cast<cudaStream_t>(p.cuda_stream);
     if (p.kvcache) {
-      cuda::decode::run(p, kName);
+      cuda::decode::run(p, cuda::decode::DecodeMma::mma_sync, kName);
       return;
     }
     if (!p.is_backward()) {

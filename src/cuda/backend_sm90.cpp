@@ -1,7 +1,8 @@
 // The CUDA backend "cuda-sm90": the Hopper forward and backward (warp-specialised TMA producer, wgmma consumer
 // warpgroups; src/cuda/sm90/) for GPUs of compute capability 9.0 (H100, H200). Registered before cuda-sm80,
-// so auto picks it where it can run; what it refuses (strides TMA cannot take, an unbuilt kernel, the KV cache)
-// runs on cuda-sm80 with the reason in the dispatch report.
+// so auto picks it where it can run; what it refuses (strides TMA cannot take, an unbuilt kernel, a KV-cache call of
+// up to 16 packed rows) runs on cuda-sm80 with the reason in the dispatch report. Its KV-cache calls run the wgmma
+// decode kernel (src/cuda/decode/kernel_sm90.h) through the decode path's host side (decode/host.cpp).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 
 #include "checks.h"
 #include "common/scheduler.h"
+#include "decode/host.h"
 #include "core/backend.h"
 #include "flashtile/errors.h"
 #include "kernel_switch.h"
@@ -66,6 +68,10 @@ class CudaSm90 final : public Backend {
     if (gpu->major != 9 || gpu->minor != 0)
       why.push_back("compute capability " + std::to_string(gpu->major) + "." + std::to_string(gpu->minor) + " of " +
                     gpu->name + " is not 9.0 (the kernels are sm_90a code: wgmma, setmaxnreg, TMA)");
+    if (p.kvcache) {  // cp.async, not TMA: the decode path's own buckets and checks (checks.cpp took the short tiles)
+      cuda::decode::can_run(p, cuda::decode::DecodeMma::wgmma, gpu->smem_optin, why);
+      return why;
+    }
     if (p.is_backward()) {
       const int b = bucket_of(p), d = bwd_hdim_of(p);
       if (!sm90::has_bwd(b))
@@ -100,6 +106,10 @@ class CudaSm90 final : public Backend {
     const Kind kind = cuda::kind_of(p);
     KernelInfo k;
     k.backend = kName;
+    if (p.kvcache) {
+      cuda::decode::describe(p, cuda::decode::DecodeMma::wgmma, k);
+      return k;
+    }
     k.kernel = std::string(p.is_backward() ? "sm90_bwd_" : "sm90_fwd_") + cuda::elem_name(e) + "_hdim" +
                std::to_string(p.is_backward() ? bwd_hdim_of(p) : bucket) + "_" + cuda::kind_name(kind);
     k.isa = "sm_90a wgmma + TMA";
@@ -155,6 +165,10 @@ class CudaSm90 final : public Backend {
     cuda::DeviceGuard guard(p.device_index, kName);
     (void)cudaGetLastError();  // a stale error of an earlier, unrelated launch is not ours to report
     cudaStream_t stream = static_cast<cudaStream_t>(p.cuda_stream);
+    if (p.kvcache) {
+      cuda::decode::run(p, cuda::decode::DecodeMma::wgmma, kName);
+      return;
+    }
     if (!p.is_backward()) {
       cuda::FwdParams f;
       cuda::fill_params(p, f);
@@ -173,6 +187,7 @@ class CudaSm90 final : public Backend {
   }
 
   std::size_t workspace_bytes(const AttnParams& p) const override {
+    if (p.kvcache) return cuda::decode::workspace_bytes_of(p);
     return p.is_backward() ? plan_bwd(p).bytes : 0;
   }
 

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <string_view>
 
+#include "decode/params.h"
 #include "flashtile/errors.h"
 
 namespace flashtile::cuda {
@@ -96,12 +97,14 @@ const Gpu* check_common(const AttnParams& p, const char* backend, Reasons& why) 
                   std::to_string(g.list.size()) + " devices)");
     return nullptr;
   }
-  // The KV-cache call (issue 14) runs on cuda-sm80's decode kernels (src/cuda/decode/), which also run on Hopper;
-  // cuda-sm90 has none of its own yet. Refused here, before the pointer queries (a cudaPointerGetAttributes per
-  // tensor), which cuda-sm80's check then makes: a decode call paid them twice.
-  if (p.kvcache && std::string_view(backend) != "cuda-sm80") {
-    why.push_back(std::string("KV cache (forward_kvcache): not built on ") + backend +
-                  " yet; cuda-sm80's decode kernels run it on this GPU (issue 14)");
+  // cuda-sm90's KV-cache kernel is the wgmma one of the 64-row tiles (decode/kernel_sm90.h); up to 16 packed rows
+  // (one-token decode at GQA <= 16) the 16-row mma.sync kernel of cuda-sm80 runs the call on Hopper too: a wgmma
+  // tile is 64 rows, 4 to 64 times the products for the same bytes read. Refused here, before the pointer queries (a
+  // cudaPointerGetAttributes per tensor), which cuda-sm80's check then makes: a decode call paid them twice.
+  if (p.kvcache && std::string_view(backend) == "cuda-sm90" && !decode::wgmma_tile(p.group() * p.seqlen_q)) {
+    why.push_back("KV cache: G·Sq = " + std::to_string(p.group() * p.seqlen_q) +
+                  " packed rows <= 16 run on cuda-sm80's 16-row mma.sync decode kernel (cuda-sm90's wgmma kernel "
+                  "takes 64-row tiles: 4x to 64x the products for the same K and V bytes)");
     return nullptr;
   }
   if (!p.device_pointers_checked) cuda::check_device_pointers(p, why);

@@ -147,25 +147,46 @@ bool decode_built(Elem dtype, int hdim_bucket) {
 const char* decode_built_kernels() { return "" FT_CUDA_DECODE_INSTANCES(FT_X_NAME); }
 #undef FT_X_NAME
 
-#define FT_X_DECODE(dt, d)                                                        \
-  if (dtype == Elem::dt && hdim_bucket == d) {                                    \
-    using T = ElementOf<Elem::dt>::type;                                          \
-    switch (kind) {                                                               \
-      case Kind::plain: e = decode::run_decode<T, d, Plain>(p, stream); break;    \
-      case Kind::masked: e = decode::run_decode<T, d, Masked>(p, stream); break;  \
-      case Kind::hooks: e = decode::run_decode<T, d, Hooks>(p, stream); break;    \
-    }                                                                             \
-    found = true;                                                                 \
+#define FT_X_BUILT(dt, d) \
+  if (dtype == Elem::dt && hdim_bucket == d) return true;
+bool sm90_decode_built(Elem dtype, int hdim_bucket) {
+  FT_CUDA_SM90_DECODE_INSTANCES(FT_X_BUILT)
+  return false;
+}
+#undef FT_X_BUILT
+
+#define FT_X_NAME(dt, d) #dt ":" #d " "
+const char* sm90_decode_built_kernels() { return "" FT_CUDA_SM90_DECODE_INSTANCES(FT_X_NAME); }
+#undef FT_X_NAME
+
+// One switch for both decode kernels (fn: run_decode or run_decode_sm90).
+#define FT_X_DECODE(fn, dt, d)                                                  \
+  if (dtype == Elem::dt && hdim_bucket == d) {                                  \
+    using T = ElementOf<Elem::dt>::type;                                        \
+    switch (kind) {                                                             \
+      case Kind::plain: e = decode::fn<T, d, Plain>(p, stream); break;          \
+      case Kind::masked: e = decode::fn<T, d, Masked>(p, stream); break;        \
+      case Kind::hooks: e = decode::fn<T, d, Hooks>(p, stream); break;          \
+    }                                                                           \
+    found = true;                                                               \
   }
-cudaError_t launch_kvcache(Elem dtype, int hdim_bucket, Kind kind, const decode::DecodeParams& p,
-                           cudaStream_t stream) {
+#define FT_X_DECODE_MMA(dt, d) FT_X_DECODE(run_decode, dt, d)
+#define FT_X_DECODE_WGMMA(dt, d) FT_X_DECODE(run_decode_sm90, dt, d)
+cudaError_t launch_kvcache(Elem dtype, int hdim_bucket, Kind kind, decode::DecodeMma mma,
+                           const decode::DecodeParams& p, cudaStream_t stream) {
   cudaError_t e = cudaSuccess;
   bool found = false;
-  FT_CUDA_DECODE_INSTANCES(FT_X_DECODE)
+  if (mma == decode::DecodeMma::wgmma) {
+    FT_CUDA_SM90_DECODE_INSTANCES(FT_X_DECODE_WGMMA)
+  } else {
+    FT_CUDA_DECODE_INSTANCES(FT_X_DECODE_MMA)
+  }
   if (!found) return cudaErrorNotSupported;
   if (e != cudaSuccess || p.splits <= 1) return e;
   return decode::run_combine(dtype == Elem::fp16, p, stream);
 }
+#undef FT_X_DECODE_WGMMA
+#undef FT_X_DECODE_MMA
 #undef FT_X_DECODE
 
 }  // namespace flashtile::cuda

@@ -36,11 +36,14 @@ cudaError_t launch_fwd_sm90(Elem dtype, int hdim_bucket, Kind kind, const FwdPar
 bool sm90_bwd_kernel_built(Elem dtype, int hdim_bucket);
 cudaError_t launch_bwd_sm90(Elem dtype, int hdim_bucket, Kind kind, const BwdParams& p, cudaStream_t stream);
 
-// cuda-sm80's KV-cache path (src/cuda/decode/): whether this build has the decode kernels of (dtype, bucket), and
-// the call's decode and, when p.splits > 1, its combine (decode::run_check_append runs before it: the host puts the
-// eager read-back of the index check between the two).
+// The KV-cache path (src/cuda/decode/): whether this build has the mma.sync (decode_) or wgmma (sm90_decode_)
+// kernels of (dtype, bucket), and the call's decode on the one `mma` names and, when p.splits > 1, its combine
+// (decode::run_check runs before it).
 bool decode_built(Elem dtype, int hdim_bucket);
 const char* decode_built_kernels();
-cudaError_t launch_kvcache(Elem dtype, int hdim_bucket, Kind kind, const decode::DecodeParams& p, cudaStream_t stream);
+bool sm90_decode_built(Elem dtype, int hdim_bucket);
+const char* sm90_decode_built_kernels();
+cudaError_t launch_kvcache(Elem dtype, int hdim_bucket, Kind kind, decode::DecodeMma mma,
+                           const decode::DecodeParams& p, cudaStream_t stream);
 
 }  // namespace flashtile::cuda

@@ -40,11 +40,12 @@ using ft_test::KvCase;
 using ft_test::VarCase;
 using ft_test::VarProblem;
 
-// The backend under test for forward_kvcache: cuda-sm90 has no decode kernel of its own (it refuses the call,
-// Sm90RefusesWithReason below), so with FT_GPU_BACKEND=cuda-sm90 these tests run cuda-sm80's, as auto does.
-std::string kvcache_backend() {
+// The backend under test for a forward_kvcache case: cuda-sm90 runs the calls of more than 16 packed rows (G · Sq)
+// on its wgmma kernel and refuses the others (Sm90TakesTheTallTilesOnly below), so with FT_GPU_BACKEND=cuda-sm90
+// those run cuda-sm80's mma.sync kernel, as auto does.
+std::string kvcache_backend(const VarCase& c) {
   const std::string b = gpu_backend();
-  return b == "cuda-sm90" ? "cuda-sm80" : b;
+  return b == "cuda-sm90" && c.hq / c.hkv * c.sq <= 16 ? "cuda-sm80" : b;
 }
 
 std::unique_ptr<DevTensor> dev(const ft_test::Tensor& t) { return std::make_unique<DevTensor>(t); }
@@ -54,7 +55,8 @@ flashtile::TensorView view(const std::unique_ptr<DevTensor>& t) { return t ? t->
 // Every operand of one call on the device; out and lse start as NaN.
 struct DevCall {
   std::unique_ptr<DevTensor> q, out, lse, k, v, k_new, v_new, seqlens, table, slots, alibi, sinks;
-  DevCall(VarProblem& p, const Cache& c) {
+  std::string backend;  // kvcache_backend()
+  DevCall(VarProblem& p, const Cache& c) : backend(kvcache_backend(p.c)) {
     p.out->fill(std::numeric_limits<double>::quiet_NaN());
     p.lse->fill(std::numeric_limits<double>::quiet_NaN());
     q = dev(*p.q);
@@ -105,7 +107,7 @@ struct DevCall {
     flashtile::Options o = ft_test::call_options(p);
     o.alibi_slopes = view(alibi);
     o.sinks = view(sinks);
-    o.backend = kvcache_backend();
+    o.backend = backend;
     o.strict = true;
     return o;
   }
@@ -123,7 +125,7 @@ struct DevCall {
     const auto r = flashtile::explain_forward_kvcache(q->view(), cache(splits), out->view(), lse->view(), o);
     for (const auto& ref : r.refused)
       for (const auto& why : ref.reasons)
-        if (ref.backend == kvcache_backend() && why.find("not built in this build") != std::string::npos) return why;
+        if (ref.backend == backend && why.find("not built in this build") != std::string::npos) return why;
     return {};
   }
   // out, lse and the caches back into the host tensors.
@@ -227,7 +229,7 @@ TEST_P(GpuKvCache, MatchesOracleAndAppendsInPlace) {
   if (const std::string why = d.not_built(kc.splits, d.options(p)); !why.empty()) GTEST_SKIP() << why;
   const auto report = d.run(kc.splits, d.options(p));
   FT_CUDA_OK(cudaDeviceSynchronize());
-  EXPECT_EQ(report.ran.backend, kvcache_backend()) << report.to_string();
+  EXPECT_EQ(report.ran.backend, d.backend) << report.to_string();
   EXPECT_NE(report.ran.kernel.find("decode"), std::string::npos) << report.to_string();
   EXPECT_NE(report.ran.detail.find("splits="), std::string::npos) << report.to_string();
   if (kc.splits > 0) {
@@ -420,24 +422,36 @@ TEST(GpuKvCacheGraph, CaptureAndReplayWithCallerWorkspace) {
   capture_and_replay(true);
 }
 
-// cuda-sm90 has no decode kernel of its own: it refuses the call with its reason.
-TEST(GpuKvCacheDispatch, Sm90RefusesWithReason) {
+// cuda-sm90 takes the calls of more than 16 packed rows (its wgmma kernel's 64-row tiles) and refuses the others
+// with the reason, which auto then runs on cuda-sm80.
+TEST(GpuKvCacheDispatch, Sm90TakesTheTallTilesOnly) {
   FT_REQUIRE_GPU();
-  KvCase kc = paged_case({100, 37, 64});
-  auto rng = ft_test::test_rng();
-  VarProblem p(kc.v, rng);
-  Cache cache = ft_test::build_cache(kc, p, rng);
-  const DevCall d(p, cache);
-  flashtile::Options o = d.options(p);
-  o.backend = "cuda-sm90";
-  o.strict = false;
-  const auto r = flashtile::explain_forward_kvcache(d.q->view(), d.cache(0), d.out->view(), d.lse->view(), o);
-  EXPECT_NE(r.ran.backend, "cuda-sm90") << r.to_string();
-  const auto sm90 = std::find_if(r.refused.begin(), r.refused.end(), [](const auto& x) { return x.backend == "cuda-sm90"; });
-  if (sm90 == r.refused.end()) GTEST_SKIP() << "cuda-sm90 is not in this build: " << r.to_string();
-  EXPECT_TRUE(std::any_of(sm90->reasons.begin(), sm90->reasons.end(),
-                          [](const std::string& why) { return why.find("KV cache") != std::string::npos; }))
-      << r.to_string();
+  for (const std::int64_t sq : {1, 16}) {  // GQA 4: 4 and 64 packed rows
+    SCOPED_TRACE("Sq = " + std::to_string(sq));
+    KvCase kc = paged_case({100, 37, 64}, 64, sq);
+    auto rng = ft_test::test_rng();
+    VarProblem p(kc.v, rng);
+    Cache cache = ft_test::build_cache(kc, p, rng);
+    const DevCall d(p, cache);
+    flashtile::Options o = d.options(p);
+    o.backend = "auto";
+    o.strict = false;
+    const auto r = flashtile::explain_forward_kvcache(d.q->view(), d.cache(0), d.out->view(), d.lse->view(), o);
+    const auto sm90 =
+        std::find_if(r.refused.begin(), r.refused.end(), [](const auto& x) { return x.backend == "cuda-sm90"; });
+    if (sq == 1) {
+      EXPECT_EQ(r.ran.backend, "cuda-sm80") << r.to_string();
+      if (sm90 == r.refused.end()) GTEST_SKIP() << "cuda-sm90 is not in this build: " << r.to_string();
+      EXPECT_TRUE(std::any_of(sm90->reasons.begin(), sm90->reasons.end(), [](const std::string& why) {
+        return why.find("G·Sq = 4 packed rows <= 16") != std::string::npos;
+      })) << r.to_string();
+    } else if (r.ran.backend == "cuda-sm90") {
+      EXPECT_NE(r.ran.kernel.find("sm90_decode_"), std::string::npos) << r.to_string();
+      EXPECT_NE(r.ran.detail.find("wgmma reads each K and V tile once"), std::string::npos) << r.to_string();
+    } else {  // not Hopper, or the wgmma kernel not built: the reason says which
+      EXPECT_TRUE(sm90 != r.refused.end()) << r.to_string();
+    }
+  }
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
-// The decode kernel's launcher (included by the generated instance files only): the 16-row or the 64-row tile,
-// as the host's plan chose (p.rows_per_tile).
+// The decode kernels' launchers (included by the generated instance files only): the mma.sync kernel with the
+// 16-row or the 64-row tile, as the host's plan chose (p.rows_per_tile); decode_launch_sm90.h adds the wgmma one.
 #pragma once
 
 #include <algorithm>
@@ -11,10 +11,9 @@
 
 namespace flashtile::cuda::decode {
 
-template <class Tr, class V>
-cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
-  auto kernel = decode_kernel<Tr, V>;
-  constexpr int smem = Tr::kSmemBytes;
+// The grid every decode kernel runs on: x = row tiles x splits, y = KV heads, z = sequences.
+template <class Kernel>
+cudaError_t launch_grid(Kernel kernel, int smem, const DecodeParams& p, cudaStream_t stream, int threads = kThreads) {
   if (smem > 48 * 1024) {
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
@@ -24,13 +23,17 @@ cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.row_tiles * p.splits), static_cast<unsigned>(std::max<std::int64_t>(p.a.heads_kv, 1)),
                   static_cast<unsigned>(p.a.batch));
   if (grid.z == 0) return cudaSuccess;
-  return launch_dependent(kernel, grid, kThreads, smem, stream, p);
+  return launch_dependent(kernel, grid, threads, smem, stream, p);
 }
 
 template <class Element, int kHeadDim, class V>
 cudaError_t run_decode(const DecodeParams& p, cudaStream_t stream) {
-  if (p.rows_per_tile == kRowsPerTileTall) return launch_decode<Traits<Element, kHeadDim, 4>, V>(p, stream);
-  return launch_decode<Traits<Element, kHeadDim, 1>, V>(p, stream);
+  if (p.rows_per_tile == kRowsPerTileTall) {
+    using Tr = Traits<Element, kHeadDim, 4>;
+    return launch_grid(decode_kernel<Tr, V>, Tr::kSmemBytes, p, stream);
+  }
+  using Tr = Traits<Element, kHeadDim, 1>;
+  return launch_grid(decode_kernel<Tr, V>, Tr::kSmemBytes, p, stream);
 }
 
 }  // namespace flashtile::cuda::decode

@@ -167,7 +167,7 @@ Plan plan(const AttnParams& p) {
   return d;
 }
 
-void can_run(const AttnParams& p, int smem_optin, detail::Reasons& why) {
+void can_run(const AttnParams& p, DecodeMma mma, int smem_optin, detail::Reasons& why) {
   const std::int64_t dmax = std::max(p.hdim, p.hdim_v);
   const int bucket = decode_bucket(dmax);
   if (bucket == 0) {
@@ -175,9 +175,11 @@ void can_run(const AttnParams& p, int smem_optin, detail::Reasons& why) {
     return;
   }
   const Elem e = elem_of(p.dtype);
-  if (p.dtype != DType::float32 && !decode_built(e, bucket))
-    why.push_back(std::string("KV cache: decode kernel not built in this build: ") + elem_name(e) + " hdim " +
-                  std::to_string(bucket) + " (built: " + decode_built_kernels() + ")");
+  const bool wgmma = mma == DecodeMma::wgmma;
+  if (p.dtype != DType::float32 && !(wgmma ? sm90_decode_built(e, bucket) : decode_built(e, bucket)))
+    why.push_back(std::string("KV cache: ") + (wgmma ? "wgmma" : "mma.sync") + " decode kernel not built in this build: " +
+                  elem_name(e) + " hdim " + std::to_string(bucket) + " (built: " +
+                  (wgmma ? sm90_decode_built_kernels() : decode_built_kernels()) + ")");
   const int smem = decode_smem_bytes(bucket, rows_per_tile(p.group() * p.seqlen_q));
   if (smem > smem_optin)
     why.push_back("shared memory: the hdim " + std::to_string(bucket) + " decode kernel needs " +
@@ -187,11 +189,13 @@ void can_run(const AttnParams& p, int smem_optin, detail::Reasons& why) {
                   " (the combine kernel's limit)");
 }
 
-void describe(const AttnParams& p, KernelInfo& k) {
+void describe(const AttnParams& p, DecodeMma mma, KernelInfo& k) {
   const Plan d = plan(p);
   const Elem e = elem_of(p.dtype);
-  k.kernel = std::string("sm80_decode_") + elem_name(e) + "_hdim" + std::to_string(d.bucket) + "_" +
-             kind_name(kind_of(p));
+  const bool wgmma = mma == DecodeMma::wgmma;
+  k.kernel = std::string(wgmma ? "sm90_decode_" : "sm80_decode_") + elem_name(e) + "_hdim" +
+             std::to_string(d.bucket) + "_" + kind_name(kind_of(p));
+  if (wgmma) k.isa = "sm_90a wgmma + cp.async";
   k.block_q = d.rows_per_tile;
   k.block_k = kBlockN;
   k.threads = kThreads;
@@ -200,7 +204,9 @@ void describe(const AttnParams& p, KernelInfo& k) {
   s << "decode: rows_per_tile=" << d.rows_per_tile << " (G·Sq = " << p.group() * p.seqlen_q << " packed rows, "
     << d.row_tiles << " row tiles per KV head; " << (d.rows_per_tile == kRowsPerTile ? "16 rows while they fit" : "over 16 rows: 64")
     << ") keys_per_tile=" << kBlockN
-    << (d.rows_per_tile == kRowsPerTile ? " (4 warps x 16 keys, merged at the end)" : " (4 warps x 16 rows)")
+    << (d.rows_per_tile == kRowsPerTile ? " (4 warps x 16 keys, merged at the end)"
+        : wgmma                         ? " (1 warpgroup: wgmma reads each K and V tile once)"
+                                        : " (4 warps x 16 rows)")
     << " stages=" << decode_stages(d.bucket) << " (cp.async ring, K and V) smem="
     << decode_smem_bytes(d.bucket, d.rows_per_tile)
     << "B splits=" << d.splits << " (" << d.reason() << ")" << (d.splits > 1 ? " + combine kernel" : "")
@@ -215,7 +221,7 @@ void describe(const AttnParams& p, KernelInfo& k) {
 
 std::size_t workspace_bytes_of(const AttnParams& p) { return workspace_bytes(p, plan(p).splits); }
 
-void run(const AttnParams& p, const char* backend) {
+void run(const AttnParams& p, DecodeMma mma, const char* backend) {
   cudaStream_t stream = static_cast<cudaStream_t>(p.cuda_stream);
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   check(cudaStreamIsCapturing(stream, &capture), backend, "cudaStreamIsCapturing");
@@ -250,7 +256,7 @@ void run(const AttnParams& p, const char* backend) {
   k.dependent_launch = g != nullptr && g->major >= 9;
   k.decode_publishes = !check_in_one_cta(p);
   check(run_check(k, stream), backend, "kvcache index check launch");
-  check(launch_kvcache(elem_of(p.dtype), d.bucket, kind_of(p), k, stream), backend, "kvcache kernels launch");
+  check(launch_kvcache(elem_of(p.dtype), d.bucket, kind_of(p), mma, k, stream), backend, "kvcache kernels launch");
   if (rb != nullptr) {
     const Status s = wait_verdict(*rb, k.ticket, stream, backend);
     if (status_bad(s, p.seqlen_k)) refuse(p, s, stream, backend);

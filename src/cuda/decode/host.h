@@ -1,11 +1,12 @@
-// cuda-sm80's forward_kvcache on the host side (backend.cpp calls these): the split plan, the workspace, the
-// launches and the read-back of the device-side index check.
+// forward_kvcache on the host side (backend.cpp and backend_sm90.cpp call these, each with its kernel: mma.sync or
+// wgmma): the split plan, the workspace, the launches and the read-back of the device-side index check.
 #pragma once
 
 #include <cstddef>
 #include <string>
 
 #include "core/backend.h"
+#include "decode/params.h"
 
 namespace flashtile::cuda::decode {
 
@@ -25,17 +26,17 @@ struct Plan {
 // when given, else the cache's bound): no read of cache_seqlens, so a CUDA graph may capture the call.
 Plan plan(const detail::AttnParams& p);
 
-// Reasons cuda-sm80 cannot run this forward_kvcache call (appended to why).
-void can_run(const detail::AttnParams& p, int smem_optin, detail::Reasons& why);
+// Reasons the decode kernel `mma` cannot run this forward_kvcache call (appended to why).
+void can_run(const detail::AttnParams& p, DecodeMma mma, int smem_optin, detail::Reasons& why);
 
 // Dispatch report fields: kernel name and detail text.
-void describe(const detail::AttnParams& p, KernelInfo& k);
+void describe(const detail::AttnParams& p, DecodeMma mma, KernelInfo& k);
 
 std::size_t workspace_bytes_of(const detail::AttnParams& p);
 
 // Runs the call on p's stream. Not capturing: reads the index check's verdict back (one 16-byte copy and a stream
 // synchronisation) and throws the CPU validation's typed error on a bad index (cache, out and lse unchanged).
 // Capturing: no read-back; a bad index leaves the cache unchanged and NaN in out and lse.
-void run(const detail::AttnParams& p, const char* backend);
+void run(const detail::AttnParams& p, DecodeMma mma, const char* backend);
 
 }  // namespace flashtile::cuda::decode

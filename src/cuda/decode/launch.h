@@ -21,5 +21,8 @@ cudaError_t run_combine(bool fp16, const DecodeParams& p, cudaStream_t stream); 
 // The decode kernel (decode/kernel.h); explicit instantiations in src/cuda/instances/decode_*.cu.
 template <class Element, int kHeadDim, class V>
 cudaError_t run_decode(const DecodeParams& p, cudaStream_t stream);
+// The wgmma decode kernel of the 64-row tiles (decode/kernel_sm90.h); instantiations in sm90_decode_*.cu (sm_90a).
+template <class Element, int kHeadDim, class V>
+cudaError_t run_decode_sm90(const DecodeParams& p, cudaStream_t stream);
 
 }  // namespace flashtile::cuda::decode

@@ -1,4 +1,4 @@
-// The KV-cache decode path of cuda-sm80 (issue 14): what the host hands its kernels, without CuTe so that
+// The KV-cache decode path of cuda-sm80 and cuda-sm90 (issue 14): what the host hands its kernels, without CuTe so that
 // backend.cpp includes it. The call's AttnParams travel whole inside FwdParams (common/params.h); sequence(),
 // kv_row(), MaskPolicy and ScoreHook (core/) stay the rules the kernels ask.
 #pragma once
@@ -20,6 +20,11 @@ constexpr int rows_per_tile(std::int64_t packed_rows) {
   return packed_rows > kRowsPerTile ? kRowsPerTileTall : kRowsPerTile;
 }
 inline constexpr int kThreads = 128;
+// The products of the decode kernel: mma.sync (decode/kernel.h: every cuda-sm80 call, and cuda-sm90's of up to 16
+// packed rows) or wgmma (decode/kernel_sm90.h: cuda-sm90's 64-row tiles).
+enum class DecodeMma { mma_sync, wgmma };
+// The tile height cuda-sm90's wgmma kernel needs: more than 16 packed rows (G · Sq) per KV head.
+constexpr bool wgmma_tile(std::int64_t packed_rows) { return rows_per_tile(packed_rows) == kRowsPerTileTall; }
 // Head-dim buckets with a decode kernel (scripts/generate_cuda_instances.py DECODE_HDIMS).
 inline constexpr int kDecodeBuckets[] = {64, 128};
 inline constexpr int kMaxSplits = 128;
