@@ -26,6 +26,11 @@ struct ElementOf<Elem::bf16> {
 
 }  // namespace
 
+// The X-macros every instance list is expanded with: "is (dtype, bucket) built" and "the list, for messages".
+#define FT_X_BUILT(dt, d) \
+  if (dtype == Elem::dt && hdim_bucket == d) return true;
+#define FT_X_NAME(dt, d) #dt ":" #d " "
+
 Kind kind_of(const detail::AttnParams& p) {
   if (p.has_score_hook()) return Kind::hooks;
   if (p.causal || p.has_window()) return Kind::masked;
@@ -41,19 +46,14 @@ const char* kind_name(Kind k) {
   return "?";
 }
 
-#define FT_X_BUILT(dt, d) \
-  if (dtype == Elem::dt && hdim_bucket == d) return true;
 bool kernel_built(Elem dtype, int hdim_bucket) {
   FT_CUDA_INSTANCES(FT_X_BUILT)
   return false;
 }
-#undef FT_X_BUILT
 
 #define FT_STR2(x) #x
 #define FT_STR(x) FT_STR2(x)
-#define FT_X_NAME(dt, d) #dt ":" #d " "
 const char* built_kernels() { return "" FT_CUDA_INSTANCES(FT_X_NAME); }
-#undef FT_X_NAME
 
 #define FT_X_FWD(dt, d)                                                         \
   if (dtype == Elem::dt && hdim_bucket == d) {                                  \
@@ -85,17 +85,12 @@ cudaError_t launch_bwd(Elem dtype, int hdim_bucket, Kind kind, const BwdParams& 
 }
 #undef FT_X_BWD
 
-#define FT_X_BUILT(dt, d) \
-  if (dtype == Elem::dt && hdim_bucket == d) return true;
 bool sm90_kernel_built(Elem dtype, int hdim_bucket) {
   FT_CUDA_SM90_INSTANCES(FT_X_BUILT)
   return false;
 }
-#undef FT_X_BUILT
 
-#define FT_X_NAME(dt, d) #dt ":" #d " "
 const char* sm90_built_kernels() { return "" FT_CUDA_SM90_INSTANCES(FT_X_NAME); }
-#undef FT_X_NAME
 
 #define FT_X_FWD(dt, d)                                                         \
   if (dtype == Elem::dt && hdim_bucket == d) {                                  \
@@ -112,13 +107,10 @@ cudaError_t launch_fwd_sm90(Elem dtype, int hdim_bucket, Kind kind, const FwdPar
 }
 #undef FT_X_FWD
 
-#define FT_X_BUILT(dt, d) \
-  if (dtype == Elem::dt && hdim_bucket == d) return true;
 bool sm90_bwd_kernel_built(Elem dtype, int hdim_bucket) {
   FT_CUDA_SM90_BWD_INSTANCES(FT_X_BUILT)
   return false;
 }
-#undef FT_X_BUILT
 
 #define FT_X_BWD(dt, d)                                                         \
   if (dtype == Elem::dt && hdim_bucket == d) {                                  \
@@ -135,29 +127,19 @@ cudaError_t launch_bwd_sm90(Elem dtype, int hdim_bucket, Kind kind, const BwdPar
 }
 #undef FT_X_BWD
 
-#define FT_X_BUILT(dt, d) \
-  if (dtype == Elem::dt && hdim_bucket == d) return true;
 bool decode_built(Elem dtype, int hdim_bucket) {
   FT_CUDA_DECODE_INSTANCES(FT_X_BUILT)
   return false;
 }
-#undef FT_X_BUILT
 
-#define FT_X_NAME(dt, d) #dt ":" #d " "
 const char* decode_built_kernels() { return "" FT_CUDA_DECODE_INSTANCES(FT_X_NAME); }
-#undef FT_X_NAME
 
-#define FT_X_BUILT(dt, d) \
-  if (dtype == Elem::dt && hdim_bucket == d) return true;
 bool sm90_decode_built(Elem dtype, int hdim_bucket) {
   FT_CUDA_SM90_DECODE_INSTANCES(FT_X_BUILT)
   return false;
 }
-#undef FT_X_BUILT
 
-#define FT_X_NAME(dt, d) #dt ":" #d " "
 const char* sm90_decode_built_kernels() { return "" FT_CUDA_SM90_DECODE_INSTANCES(FT_X_NAME); }
-#undef FT_X_NAME
 
 // One switch for both decode kernels (fn: run_decode or run_decode_sm90).
 #define FT_X_DECODE(fn, dt, d)                                                  \
@@ -188,5 +170,8 @@ cudaError_t launch_kvcache(Elem dtype, int hdim_bucket, Kind kind, decode::Decod
 #undef FT_X_DECODE_WGMMA
 #undef FT_X_DECODE_MMA
 #undef FT_X_DECODE
+
+#undef FT_X_NAME
+#undef FT_X_BUILT
 
 }  // namespace flashtile::cuda
