@@ -198,14 +198,14 @@ void describe(const AttnParams& p, DecodeMma mma, KernelInfo& k) {
   if (wgmma) k.isa = "sm_90a wgmma + cp.async";
   k.block_q = d.rows_per_tile;
   k.block_k = kBlockN;
-  k.threads = kThreads;
+  k.threads = wgmma ? kWgmmaThreads : kThreads;
   k.splits = d.splits;
   std::ostringstream s;
   s << "decode: rows_per_tile=" << d.rows_per_tile << " (G·Sq = " << p.group() * p.seqlen_q << " packed rows, "
     << d.row_tiles << " row tiles per KV head; " << (d.rows_per_tile == kRowsPerTile ? "16 rows while they fit" : "over 16 rows: 64")
     << ") keys_per_tile=" << kBlockN
     << (d.rows_per_tile == kRowsPerTile ? " (4 warps x 16 keys, merged at the end)"
-        : wgmma                         ? " (1 warpgroup: wgmma reads each K and V tile once)"
+        : wgmma                         ? " (1 warpgroup: wgmma reads each K and V tile once; a producer warp fills the ring)"
                                         : " (4 warps x 16 rows)")
     << " stages=" << decode_stages(d.bucket) << " (cp.async ring, K and V) smem="
     << decode_smem_bytes(d.bucket, d.rows_per_tile)

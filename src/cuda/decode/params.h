@@ -23,6 +23,8 @@ inline constexpr int kThreads = 128;
 // The products of the decode kernel: mma.sync (decode/kernel.h: every cuda-sm80 call, and cuda-sm90's of up to 16
 // packed rows) or wgmma (decode/kernel_sm90.h: cuda-sm90's 64-row tiles).
 enum class DecodeMma { mma_sync, wgmma };
+// The wgmma kernel's CTA: the consumer warpgroup and a producer warp that fills the K/V ring.
+inline constexpr int kWgmmaThreads = kThreads + 32;
 // The tile height cuda-sm90's wgmma kernel needs: more than 16 packed rows (G · Sq) per KV head.
 constexpr bool wgmma_tile(std::int64_t packed_rows) { return rows_per_tile(packed_rows) == kRowsPerTileTall; }
 // Head-dim buckets with a decode kernel (scripts/generate_cuda_instances.py DECODE_HDIMS).
