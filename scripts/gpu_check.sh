@@ -168,7 +168,7 @@ if has_step sanitize; then
   if command -v compute-sanitizer >/dev/null; then
     t0=$(date +%s)
     if [[ " ${FT_TEST_BACKENDS:-cuda-sm80} " == *" cuda-sm80 "* ]]; then  # cuda-sm80 and the decode kernels
-      timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 "$TESTBIN" --gtest_filter='Small/*:GpuDispatch.*:*GpuSemantics*:Variants/*_d64*:Cases/GpuKvCache.*Grid*:GpuKvCacheRefusal.*:GpuKvCacheGraph.*' \
+      timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 "$TESTBIN" --gtest_filter='Small/*:GpuDispatch.*:*GpuSemantics*:Variants/*_d64*:Cases/GpuKvCache.*Grid*:GpuKvCacheRefusal.*:GpuKvCacheGraph.*:GpuKvCacheEdge.*' \
         --gtest_brief=1 > "$OUT/sanitizer.log" 2>&1
       note "MEMCHECK: rc=$? $(grep -m1 'ERROR SUMMARY' "$OUT/sanitizer.log") $(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$OUT/sanitizer.log" | tr '\n' ' ')"
       timeout 180 compute-sanitizer --tool racecheck --error-exitcode 3 "$TESTBIN" \
@@ -178,7 +178,7 @@ if has_step sanitize; then
     fi
     # cuda-sm90: forward, backward and the wgmma decode kernel (the KV-cache cases of more than 16 packed rows)
     FT_GPU_BACKEND=cuda-sm90 timeout 300 compute-sanitizer --tool memcheck --error-exitcode 3 "$TESTBIN" \
-      --gtest_filter='Small/*:GpuDispatch.*:Variants/*_d64*:Cases/GpuKvCache.*_sq16_g*:Cases/GpuKvCache.*_sq5_g*:GpuKvCacheDispatch.*' \
+      --gtest_filter='Small/*:GpuDispatch.*:Variants/*_d64*:Cases/GpuKvCache.*_sq16_g*:Cases/GpuKvCache.*_sq5_g*:GpuKvCacheDispatch.*:GpuKvCacheEdge.*' \
       --gtest_brief=1 > "$OUT/sanitizer-sm90.log" 2>&1
     note "MEMCHECK cuda-sm90: rc=$? $(grep -m1 'ERROR SUMMARY' "$OUT/sanitizer-sm90.log") $(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$OUT/sanitizer-sm90.log" | tr '\n' ' ')"
     FT_GPU_BACKEND=cuda-sm90 timeout 180 compute-sanitizer --tool racecheck --error-exitcode 3 "$TESTBIN" \

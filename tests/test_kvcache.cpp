@@ -310,50 +310,65 @@ INSTANTIATE_TEST_SUITE_P(Cases, KvCache, ::testing::ValuesIn(cases()),
 // NaN and Inf in q and in the cache reach exactly the rows the semantics say, on the per-row path (Sq = 1) and the
 // matrix path (Sq = 16: 64 rows per KV head; for bf16 on the set's tile products, whose blocks holding Inf or NaN
 // take the float32 path): a NaN query element makes its row NaN; a NaN value in V makes that column NaN in every row
-// that sees the key and in no other (the matrix path's masked P = 0 must not meet it); a +inf in K gives +inf (NaN row), -inf (key ignored) or NaN (0 · inf: NaN row) scores by the
-// sign of the query element it meets. The float64 oracle states each outcome; out and lse must match its NaN
-// pattern, and the finite elements must stay near it.
-TEST(KvCacheEdge, NaNAndInfReachExactlyTheRowsThatSeeThem) {
+// that sees the key and in no other (the matrix path's masked P = 0 must not meet it); a +inf in K gives +inf (NaN
+// row), -inf (key ignored) or NaN (0 · inf: NaN row) scores by the sign of the query element it meets. The float64
+// oracle states each outcome; out and lse must match its NaN pattern, and the finite elements must stay near it.
+// nonfinite_case builds the problem and its cache (tests/gpu/test_gpu_kvcache.cpp runs it on the device);
+// expect_nonfinite_results checks what the call left in p.out and p.lse.
+struct NonFiniteCase {
+  KvCase kc;
+  std::unique_ptr<VarProblem> p;
+  Cache cache;
+};
+NonFiniteCase nonfinite_case(DType t, std::int64_t sq, std::mt19937_64& rng) {
+  NonFiniteCase c;
+  c.kc = kv(var("NonFinite", 2, sq, {300, 90}, 8, 2, 64, 64, t), sq);
+  c.kc.v.causal = true;
+  c.p = std::make_unique<VarProblem>(c.kc.v, rng);
+  VarProblem& p = *c.p;
   const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  const std::int64_t S = c.kc.v.sk, H = c.kc.v.hkv, Hq = c.kc.v.hq, D = c.kc.v.d, Dv = c.kc.v.dv;
+  p.q->set(((0 * sq + 0) * Hq + 1) * D + 3, nan);  // sequence 0, token 0, head 1
+  p.v->set(((1 * S + 20) * H + 0) * Dv + 2, nan);  // sequence 1, key 20, KV head 0, column 2
+  p.v->set(((1 * S + 89) * H + 0) * Dv + 5, nan);  // sequence 1's last key: causal, only its last token sees it
+  p.k->set(((0 * S + 50) * H + 1) * D + 0, inf);   // sequence 0, key 50, KV head 1, element 0
+  for (std::int64_t i = 0; i < sq; ++i)            // element 0 of KV head 1's query heads 4..7: +, -, 0, +
+    for (std::int64_t h = 4; h < 8; ++h) p.q->set(((0 * sq + i) * Hq + h) * D + 0, h == 5 ? -1.0 : h == 6 ? 0.0 : 1.0);
+  c.cache = build_cache(c.kc, p, rng);
+  return c;
+}
+void expect_nonfinite_results(const VarProblem& p) {
+  const VarResults ref = var_oracle(p, false);
+  const auto out = p.out->to_double(), lse = p.lse->to_double();
+  double scale = 0.0;
+  for (double x : ref.out)
+    if (std::isfinite(x)) scale = std::max(scale, std::abs(x));
+  int nan_rows = 0;
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    ASSERT_EQ(std::isnan(out[i]), std::isnan(ref.out[i])) << "out element " << i << ": " << out[i];
+    if (std::isfinite(ref.out[i])) {
+      EXPECT_NEAR(out[i], ref.out[i], 0.05 * scale) << "out element " << i;
+    }
+  }
+  for (std::size_t i = 0; i < lse.size(); ++i) {
+    ASSERT_EQ(std::isnan(lse[i]), std::isnan(ref.lse[i])) << "lse element " << i << ": " << lse[i];
+    nan_rows += std::isnan(ref.lse[i]) ? 1 : 0;
+    if (std::isfinite(ref.lse[i])) {
+      EXPECT_NEAR(lse[i], ref.lse[i], 0.05 * (1.0 + std::abs(ref.lse[i])));
+    }
+  }
+  // The case tests what it says: the NaN query row, and the +inf and 0 · inf scores of heads 4, 6 and 7.
+  EXPECT_EQ(nan_rows, static_cast<int>(1 + 3 * p.c.sq)) << "NaN rows of the oracle";
+}
+
+TEST(KvCacheEdge, NaNAndInfReachExactlyTheRowsThatSeeThem) {
   for (DType t : {DType::float32, DType::bfloat16, DType::float16})
     for (std::int64_t sq : {1, 16}) {
-      KvCase kc = kv(var("NonFinite", 2, sq, {300, 90}, 8, 2, 64, 64, t), sq);
-      kc.v.causal = true;
       SCOPED_TRACE(std::string(dtype_name(t)) + " Sq " + std::to_string(sq));
       auto rng = test_rng();
-      VarProblem p(kc.v, rng);
-      const std::int64_t S = kc.v.sk, H = kc.v.hkv, Hq = kc.v.hq, D = kc.v.d;
-      p.q->set(((0 * sq + 0) * Hq + 1) * D + 3, nan);            // sequence 0, token 0, head 1
-      p.v->set(((1 * S + 20) * H + 0) * kc.v.dv + 2, nan);       // sequence 1, key 20, KV head 0, column 2
-      p.v->set(((1 * S + 89) * H + 0) * kc.v.dv + 5, nan);       // sequence 1's last key: causal, only its last
-                                                                  // token sees it (P = 0 elsewhere, not 0 · NaN)
-      p.k->set(((0 * S + 50) * H + 1) * D + 0, inf);             // sequence 0, key 50, KV head 1, element 0
-      for (std::int64_t i = 0; i < sq; ++i)                      // element 0 of KV head 1's query heads 4..7:
-        for (std::int64_t h = 4; h < 8; ++h)                      // +, -, 0 and + again (token by token)
-          p.q->set(((0 * sq + i) * Hq + h) * D + 0, h == 5 ? -1.0 : h == 6 ? 0.0 : 1.0);
-      Cache cache = build_cache(kc, p, rng);
-      flashtile::forward_kvcache(p.q->view(), cache.view(), p.out->view(), p.lse->view(), call_options(p));
-      const VarResults ref = var_oracle(p, false);
-      const auto out = p.out->to_double(), lse = p.lse->to_double();
-      double scale = 0.0;
-      for (double x : ref.out)
-        if (std::isfinite(x)) scale = std::max(scale, std::abs(x));
-      int nan_rows = 0;
-      for (std::size_t i = 0; i < out.size(); ++i) {
-        ASSERT_EQ(std::isnan(out[i]), std::isnan(ref.out[i])) << "out element " << i << ": " << out[i];
-        if (std::isfinite(ref.out[i])) {
-          EXPECT_NEAR(out[i], ref.out[i], 0.05 * scale) << "out element " << i;
-        }
-      }
-      for (std::size_t i = 0; i < lse.size(); ++i) {
-        ASSERT_EQ(std::isnan(lse[i]), std::isnan(ref.lse[i])) << "lse element " << i << ": " << lse[i];
-        nan_rows += std::isnan(ref.lse[i]) ? 1 : 0;
-        if (std::isfinite(ref.lse[i])) {
-          EXPECT_NEAR(lse[i], ref.lse[i], 0.05 * (1.0 + std::abs(ref.lse[i])));
-        }
-      }
-      // The case tests what it says: the NaN query row, and the +inf and 0 · inf scores of heads 4, 6 and 7.
-      EXPECT_EQ(nan_rows, static_cast<int>(1 + 3 * sq)) << "NaN rows of the oracle";
+      NonFiniteCase c = nonfinite_case(t, sq, rng);
+      flashtile::forward_kvcache(c.p->q->view(), c.cache.view(), c.p->out->view(), c.p->lse->view(), call_options(*c.p));
+      expect_nonfinite_results(*c.p);
     }
 }
 

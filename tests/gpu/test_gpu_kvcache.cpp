@@ -4,8 +4,8 @@
 // call out, lse and the whole cache come back: out and lse against the oracle with the tolerance rule of
 // expect_var_close (twice standard attention's error in the same precision), the cache element for element
 // against the copy the test expects (the appended rows written, nothing else touched).
-// Also: device-side index refusals (typed error, cache and out unchanged), and a CUDA graph captured once and
-// replayed with new cache_seqlens, block table and data uploaded between replays.
+// Also: device-side index refusals (typed error, cache and out unchanged), a CUDA graph captured once and
+// replayed with new cache_seqlens, block table and data uploaded between replays, and NaN / Inf inputs.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -424,6 +424,25 @@ TEST(GpuKvCacheGraph, CaptureAndReplayWithCallerWorkspace) {
 
 // cuda-sm90 takes the calls of more than 16 packed rows (its wgmma kernel's 64-row tiles) and refuses the others
 // with the reason, which auto then runs on cuda-sm80.
+// tests/test_kvcache.cpp's NaN and Inf case on the device: the 16-row kernel (Sq = 1, GQA 4) and the 64-row ones
+// (Sq = 16), out and lse against the float64 oracle's NaN pattern.
+TEST(GpuKvCacheEdge, NaNAndInfReachExactlyTheRowsThatSeeThem) {
+  FT_REQUIRE_GPU();
+  for (const DType t : {DType::bfloat16, DType::float16})
+    for (const std::int64_t sq : {1, 16}) {
+      SCOPED_TRACE(std::string(flashtile::dtype_name(t)) + " Sq " + std::to_string(sq));
+      auto rng = ft_test::test_rng();
+      ft_test::NonFiniteCase c = ft_test::nonfinite_case(t, sq, rng);
+      const DevCall d(*c.p, c.cache);
+      if (const std::string why = d.not_built(0, d.options(*c.p)); !why.empty()) GTEST_SKIP() << why;
+      const auto report = d.run(0, d.options(*c.p));
+      FT_CUDA_OK(cudaDeviceSynchronize());
+      EXPECT_EQ(report.ran.backend, d.backend) << report.to_string();
+      d.download(*c.p, c.cache);
+      ft_test::expect_nonfinite_results(*c.p);
+    }
+}
+
 TEST(GpuKvCacheDispatch, Sm90TakesTheTallTilesOnly) {
   FT_REQUIRE_GPU();
   for (const std::int64_t sq : {1, 16}) {  // GQA 4: 4 and 64 packed rows
