@@ -425,14 +425,16 @@ TEST(GpuKvCacheGraph, CaptureAndReplayWithCallerWorkspace) {
 // cuda-sm90 takes the calls of more than 16 packed rows (its wgmma kernel's 64-row tiles) and refuses the others
 // with the reason, which auto then runs on cuda-sm80.
 // tests/test_kvcache.cpp's NaN and Inf case on the device: the 16-row kernel (Sq = 1, GQA 4) and the 64-row ones
-// (Sq = 16), out and lse against the float64 oracle's NaN pattern.
+// (Sq = 16), out and lse against the float64 oracle's NaN pattern. Without the NaN value of a key hidden by the
+// causal mask: the tensor-core products may carry it into rows of the same tile (docs/semantics.md, known
+// differences).
 TEST(GpuKvCacheEdge, NaNAndInfReachExactlyTheRowsThatSeeThem) {
   FT_REQUIRE_GPU();
   for (const DType t : {DType::bfloat16, DType::float16})
     for (const std::int64_t sq : {1, 16}) {
       SCOPED_TRACE(std::string(flashtile::dtype_name(t)) + " Sq " + std::to_string(sq));
       auto rng = ft_test::test_rng();
-      ft_test::NonFiniteCase c = ft_test::nonfinite_case(t, sq, rng);
+      ft_test::NonFiniteCase c = ft_test::nonfinite_case(t, sq, rng, /*hidden_nan=*/false);
       const DevCall d(*c.p, c.cache);
       if (const std::string why = d.not_built(0, d.options(*c.p)); !why.empty()) GTEST_SKIP() << why;
       const auto report = d.run(0, d.options(*c.p));
