@@ -15,6 +15,10 @@
 // float64 reference (the threads' partial results merged as merge_attention_states does).
 //
 //   OMP_NUM_THREADS=2 build/cpu/bench/flashtile_decode_order [keys=32768] [calls=30]
+//
+// Standalone, as read_order.cpp: its reduction and 2^x are short copies of src/cpu/simd.h's reduce_lanes and exp2,
+// because simd.h is compiled per kernel set with that set's flags, and this binary must start (and refuse) on any
+// x86 CPU: only the functions marked FT_TARGET use AVX-512, after main's CPU check.
 #include <immintrin.h>
 #include <omp.h>
 
