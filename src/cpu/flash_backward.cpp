@@ -58,9 +58,10 @@ PhaseTotals g_phases{FT_PHASE_STR(FT_ISA_NS) " backward", {"products", "exp", "d
 
 // Per-thread scratch; zero padding (tile_ops.h). cd, cv: the products' columns, padded D and Dv; ldd, ldv, ldk
 // (Kᵀ, Vᵀ) and lds (S, dP, 1 − tanh²): row strides that spread the rows over the L1 sets (tile_ops.h spread_ld).
+// The query tile's scale · Q and dO rows are read in place from Shared::qf and dof.
 struct BwdScratch {
   int cd, cv, ldd, ldv, ldk, lds;
-  Scratch<float> q, dout, kt, kf, vt, s, dp, dt, dk, dv, lse, delta;  // q: scale · Q; dt: 1 − tanh²
+  Scratch<float> kt, kf, vt, s, dp, dt, dk, dv, lse, delta;  // dt: 1 − tanh²
   Scratch<int> lo, hi;  // visible keys [lo, hi) of each query row in the current key tile
   BwdScratch(TileConfig t, std::int64_t d, std::int64_t dv_)
       : cd(padded(d)),
@@ -69,8 +70,6 @@ struct BwdScratch {
         ldv(spread_ld(dv_)),
         ldk(spread_ld(t.block_k)),
         lds(spread_ld(t.block_k)),
-        q(zeroed<float>(t.block_q * ldd)),
-        dout(zeroed<float>(t.block_q * ldv)),
         kt(zeroed<float>(d * ldk)),
         kf(zeroed<float>(t.block_k * ldd)),
         vt(zeroed<float>(dv_ * ldk)),
@@ -191,6 +190,14 @@ struct Shared {
   std::vector<float> dq;      // per-part dQ sums, [parts, Hq, total_q, padded(D)], unscaled
   std::vector<float> dsinks;  // per-sequence dsink terms, [B, Hq] (with sinks)
   bool bf16_tiles = false;    // the products on bf16 tiles (FT_BF16_TILES sets, bf16, every input finite)
+  // For the float32 products: scale · Q and dO as float, [Hq, total_q, ldd] and [Hq, total_q, ldv] (BwdScratch's
+  // strides), pad columns zero. Filled once per call with D. Copied per (key tile, query tile) pair instead, the
+  // query tile's rows were read again for every key tile, 4 KiB apart (B, S, H, D rows), from L3 or memory: the
+  // copy took 6 % of the float32 backward (perf, AVX2 set, S = 4096, D = 128, 2 threads).
+  int ldq = 0, ldo = 0;
+  Scratch<float> qf, dof;
+  const float* q_rows(std::int64_t h, std::int64_t r) const { return qf.get() + (h * p.total_q + r) * ldq; }
+  const float* do_rows(std::int64_t h, std::int64_t r) const { return dof.get() + (h * p.total_q + r) * ldo; }
   std::int64_t row(const HeadInfo& head, std::int64_t b, std::int64_t i) const {
     return p.is_varlen() ? head.seq.q_row0 + i : b * p.seqlen_q + i;
   }
@@ -204,7 +211,8 @@ struct Shared {
 };
 
 // D per query row and, with sinks, each sequence's dsink term −Σ_i exp(sink − LSE_i) · D_i (rows with
-// LSE = −inf have P = 0 everywhere, the sink's included: no term).
+// LSE = −inf have P = 0 everywhere, the sink's included: no term); for the float32 products (Shared::qf set) the
+// rows of scale · Q and dO as float.
 template <class T>
 void compute_delta(Shared& sh, int threads) {
   const AttnParams& p = sh.p;
@@ -219,7 +227,17 @@ void compute_delta(Shared& sh, int threads) {
           const T* g = row_ptr<T>(p.dout, p.dout_stride, b, head.seq.q_row0 + i, h);
           float acc = 0.0f;
           for (std::int64_t c = 0; c < p.hdim_v; ++c) acc += to_float(o[c]) * to_float(g[c]);
-          *sh.delta_rows(h, sh.row(head, b, i)) = acc;
+          const std::int64_t r = sh.row(head, b, i);
+          *sh.delta_rows(h, r) = acc;
+          if (sh.qf) {
+            const T* q = row_ptr<T>(p.q, p.q_stride, b, head.seq.q_row0 + i, h);
+            float* qd = sh.qf.get() + (h * p.total_q + r) * sh.ldq;
+            float* gd = sh.dof.get() + (h * p.total_q + r) * sh.ldo;
+            for (std::int64_t c = 0; c < p.hdim; ++c) qd[c] = to_float(q[c]) * p.softmax_scale;  // as the forward
+            std::fill(qd + p.hdim, qd + sh.ldq, 0.0f);
+            for (std::int64_t c = 0; c < p.hdim_v; ++c) gd[c] = to_float(g[c]);
+            std::fill(gd + p.hdim_v, gd + sh.ldo, 0.0f);
+          }
           const float lse = sh.lse(head, b, h, i);
           if (p.sinks != nullptr && lse != kNegInf) dsink -= std::exp(head.sink - lse) * acc;
         }
@@ -311,38 +329,34 @@ void key_tile(Shared& sh, BwdScratch& w, std::int64_t b, std::int64_t hk, std::i
       const int rows = static_cast<int>(std::min<std::int64_t>(bq, seq.seqlen_q - q0));
       const detail::TileMask tm = head.mask.tile(q0, rows, k0, n);
       if (tm == detail::TileMask::skip) continue;
+      const std::int64_t row0 = sh.row(head, b, q0);
+      const float* qs = sh.q_rows(h, row0);  // scale · Q, ldd apart
+      const float* dot = sh.do_rows(h, row0);  // dO, ldv apart
       for (int r = 0; r < rows; ++r) {
-        const T* qs = row_ptr<T>(p.q, p.q_stride, b, seq.q_row0 + q0 + r, h);
-        const T* gs = row_ptr<T>(p.dout, p.dout_stride, b, seq.q_row0 + q0 + r, h);
-        float* qd = w.q.get() + static_cast<std::int64_t>(r) * ldd;
-        float* gd = w.dout.get() + static_cast<std::int64_t>(r) * ldv;
-        for (int c = 0; c < d; ++c) qd[c] = to_float(qs[c]) * p.softmax_scale;  // as the forward
-        for (int c = 0; c < dv; ++c) gd[c] = to_float(gs[c]);
         w.lse[r] = sh.lse(head, b, h, q0 + r);
-        w.delta[r] = *sh.delta_rows(h, sh.row(head, b, q0 + r));
+        w.delta[r] = *sh.delta_rows(h, row0 + r);
       }
       // P = exp(S − LSE), masked entries and rows with LSE = −inf exactly 0.
-      clock.skip();  // the Q and dO copies: other
-      gemm_nn(rows, npad, d, w.q.get(), ldd, w.kt.get(), ldk, w.s.get(), lds, false);
+      clock.skip();
+      gemm_nn(rows, npad, d, qs, ldd, w.kt.get(), ldk, w.s.get(), lds, false);
       clock.mark(kProducts);
       const bool needs_mask = probabilities(head, w, tm, q0, rows, k0, n, 1.0f);
       // Masked keys are excluded from every product below (see tile_ops.h), so they contribute
       // exactly nothing, NaN inputs included. With finite K, Q and dO the products take the whole tile on the
       // SIMD kernel instead, the masked entries of P and dS being exact zeros (the bounded loops are scalar:
       // with 64 x 128 tiles under a causal mask they ran 12 % of the pairs at a fraction of the rate).
-      const bool bounded = needs_mask && !(k_finite && all_finite(w.q.get(), rows, d, ldd) &&
-                                            all_finite(w.dout.get(), rows, dv, ldv));
+      const bool bounded = needs_mask && !(k_finite && all_finite(qs, rows, d, ldd) && all_finite(dot, rows, dv, ldv));
       const int* lo = bounded ? w.lo.get() : nullptr;
       const int* hi = bounded ? w.hi.get() : nullptr;
       clock.mark(kExp);
-      gemm_tn(n, w.cv, rows, w.s.get(), lds, w.dout.get(), ldv, w.dv.get(), ldv, lo, hi);  // dV += Pᵀ dO
-      gemm_nn(rows, npad, dv, w.dout.get(), ldv, w.vt.get(), ldk, w.dp.get(), lds, false);  // dP = dO Vᵀ
+      gemm_tn(n, w.cv, rows, w.s.get(), lds, dot, ldv, w.dv.get(), ldv, lo, hi);  // dV += Pᵀ dO
+      gemm_nn(rows, npad, dv, dot, ldv, w.vt.get(), ldk, w.dp.get(), lds, false);  // dP = dO Vᵀ
       clock.mark(kProducts);
       for (int r = 0; r < rows; ++r) ds_row(w, r, n, softcap);  // dS = P ∘ (dP − D) [∘ (1 − tanh²)]
       clock.mark(kDs);
-      gemm_nn(rows, w.cd, n, w.dp.get(), lds, w.kf.get(), ldd, sh.dq_rows(part, h, sh.row(head, b, q0)), w.cd, true,
-              lo, hi);                                                                       // dQ += dS K
-      gemm_tn(n, w.cd, rows, w.dp.get(), lds, w.q.get(), ldd, w.dk.get(), ldd, lo, hi);  // dK += dSᵀ (scale·Q)
+      gemm_nn(rows, w.cd, n, w.dp.get(), lds, w.kf.get(), ldd, sh.dq_rows(part, h, row0), w.cd, true, lo,
+              hi);                                                               // dQ += dS K
+      gemm_tn(n, w.cd, rows, w.dp.get(), lds, qs, ldd, w.dk.get(), ldd, lo, hi);  // dK += dSᵀ (scale·Q)
       clock.mark(kProducts);
     }
   }
@@ -512,14 +526,20 @@ void backward_typed(const AttnParams& p, TileConfig tile, int threads) {
   const std::int64_t n_kt = (p.seqlen_k + tile.block_k - 1) / tile.block_k;
   const std::int64_t heads = p.batch * p.heads_kv;
   const std::int64_t want = (2 * threads + heads - 1) / std::max<std::int64_t>(heads, 1);
-  Shared sh{p, tile, std::clamp<std::int64_t>(want, 1, std::max<std::int64_t>(n_kt, 1)), {}, {}, {}};
+  Shared sh{p, tile, std::clamp<std::int64_t>(want, 1, std::max<std::int64_t>(n_kt, 1)), {}, {}, {}, false, 0, 0, {}, {}};
   sh.delta.assign(static_cast<std::size_t>(p.heads_q * p.total_q), 0.0f);
   sh.dq.assign(static_cast<std::size_t>(sh.parts * p.heads_q * p.total_q * padded(p.hdim)), 0.0f);
   if (p.sinks != nullptr) sh.dsinks.assign(static_cast<std::size_t>(p.batch * p.heads_q), 0.0f);
-  compute_delta<T>(sh, threads);
 #ifdef FT_BF16_TILES
   if constexpr (std::is_same_v<T, BFloat16>) sh.bf16_tiles = inputs_finite(p, threads);
 #endif
+  if (!sh.bf16_tiles) {
+    sh.ldq = spread_ld(p.hdim);
+    sh.ldo = spread_ld(p.hdim_v);
+    sh.qf = for_overwrite<float>(p.heads_q * p.total_q * sh.ldq);
+    sh.dof = for_overwrite<float>(p.heads_q * p.total_q * sh.ldo);
+  }
+  compute_delta<T>(sh, threads);
 
   const std::vector<std::int64_t> order = batch_order(p);
   parallel_tasks(

@@ -35,5 +35,13 @@ Scratch<E> zeroed(std::int64_t n) {
   return Scratch<E>(static_cast<E*>(p));
 }
 
+// n elements left as they are, for a buffer its user writes whole before reading.
+template <class E>
+Scratch<E> for_overwrite(std::int64_t n) {
+  static_assert(std::is_trivial_v<E>);
+  const std::size_t bytes = sizeof(E) * static_cast<std::size_t>(n > 0 ? n : 1);
+  return Scratch<E>(static_cast<E*>(::operator new[](bytes, std::align_val_t(kScratchAlign))));
+}
+
 FT_ISA_END
 }  // namespace flashtile::cpu
