@@ -19,8 +19,12 @@ inline float exp2_fast(float x) {
   // false and is clamped too, so the int conversion below is always defined; it is restored at the end.
   float xc = x > -127.0f ? x : -127.0f;
   xc = xc < 128.0f ? xc : 128.0f;
-  // Round to nearest integer with the 1.5·2^23 trick (no libm call, vectorises everywhere).
-  const float n = (xc + 12582912.0f) - 12582912.0f;
+  // Round to the nearest integer n by adding 1.5·2^23 + 127 (no libm call, vectorises everywhere): the sum's low
+  // mantissa bits are then n + 127, the exponent field of 2^n (below). The sum rounds ties to even, so a tie goes to
+  // the odd n; f = ±0.5 either way, where the polynomial is as accurate as anywhere.
+  constexpr float kShift = 12582912.0f + 127.0f;
+  const float t = xc + kShift;
+  const float n = t - kShift;
   const float f = xc - n;  // in [-0.5, 0.5]
   float p = 1.535336188319500e-4f;
   p = p * f + 1.339887440266574e-3f;
@@ -29,9 +33,9 @@ inline float exp2_fast(float x) {
   p = p * f + 2.402264791363012e-1f;
   p = p * f + 6.931472028550421e-1f;
   p = p * f + 1.0f;
-  // 2^n: n + 127 in the exponent field; n = -127 gives the bit pattern of +0, n = 128 that of +inf.
-  const std::int32_t e = static_cast<std::int32_t>(n) + 127;
-  const float scale = std::bit_cast<float>(static_cast<std::uint32_t>(e) << 23);
+  // 2^n: t's low bits n + 127 shifted into the exponent field; n = -127 gives the bit pattern of +0, n = 128 that of
+  // +inf. (A NaN is clamped above; its t is finite.)
+  const float scale = std::bit_cast<float>(std::bit_cast<std::uint32_t>(t) << 23);
   const float r = p * scale;
   return x == x ? r : x;
 }
