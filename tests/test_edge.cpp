@@ -199,6 +199,60 @@ TEST(Edge, NaNAndPlusInfScoresGiveNaNRowsAndHiddenValuesStayOut) {
     }
 }
 
+// Scores that rise from key tile to key tile, and non-finite scores in a later tile, after finite ones. Sk = 384:
+// three 128-key tiles, six of 64. Rising: q[0] = 1 and k_j[0] = slope · j add 0.125 · slope · j (scale 1/8), so
+// slope 3 rises 24 (64 keys) or 48 (128) a tile, each tile's rescale of the earlier ones e^-24 or less, and slope 0.3
+// by 2.4 or 4.8. Non-finite: k_300[1] = +inf against q[1] = -1 (a −inf score) in every row but row 50 of head 0,
+// whose q[1] = 1 gives +inf: that row NaN, the others finite; a NaN in k_200 makes every row NaN. (These guarded a
+// forward that took a tile's exponentials against the running max of earlier tiles in the Q·Kᵀ product's epilogue,
+// redoing rows whose max passed it by more than ln 256: it ran 1.00x on the AVX2 set and 1.005-1.013x on AVX-512
+// (bench/cpu_ab.py, 2 threads, S = 2048 / 4096, D = 64 / 128, the AVX-512 EPYC) and was not kept.)
+TEST(Edge, RisingScoresAndLateNonFiniteScoresMatchTheOracle) {
+  auto rng = test_rng();
+  const double inf = std::numeric_limits<double>::infinity();
+  Case c;
+  c.sq = 70;
+  c.sk = 384;
+  c.hq = 2;
+  c.hkv = 1;
+  c.d = c.dv = 64;
+  for (DType t : {DType::float32, DType::float16, DType::bfloat16}) {
+    c.dtype = t;
+    for (double slope : {3.0, 0.3}) {
+      SCOPED_TRACE(c.name() + " slope " + std::to_string(slope));
+      Problem p(c, rng);
+      for (std::int64_t i = 0; i < c.sq * c.hq; ++i) p.q.set(i * c.d, 1.0);
+      for (std::int64_t j = 0; j < c.sk; ++j) p.k.set(j * c.d, slope * static_cast<double>(j));
+      run_fwd(p, p.options());
+      run_bwd(p, p.options());
+      compare_with_oracle(p);
+    }
+    {
+      SCOPED_TRACE(c.name() + " +inf score in row 50");
+      Problem p(c, rng);
+      for (std::int64_t i = 0; i < c.sq; ++i)
+        for (std::int64_t h = 0; h < c.hq; ++h)
+          p.q.set(static_cast<std::int64_t>(row_at(c, i, h, c.d, 1)), i == 50 && h == 0 ? 1.0 : -1.0);
+      p.k.set(300 * c.d + 1, inf);
+      run_fwd(p, p.options());
+      run_bwd(p, p.options());
+      compare_with_oracle(p);
+      const auto lse = p.lse.to_double();
+      for (std::int64_t i = 0; i < c.sq; ++i)
+        for (std::int64_t h = 0; h < c.hq; ++h)
+          EXPECT_EQ(std::isnan(lse[static_cast<std::size_t>(h * c.sq + i)]), i == 50 && h == 0) << i << "," << h;
+    }
+    {
+      SCOPED_TRACE(c.name() + " NaN in key 200");
+      Problem p(c, rng);
+      p.k.set(200 * c.d + 5, kNaN);
+      run_fwd(p, p.options());
+      for (double x : p.lse.to_double()) EXPECT_TRUE(std::isnan(x));
+      for (double x : p.out.to_double()) ASSERT_TRUE(std::isnan(x));
+    }
+  }
+}
+
 TEST(Edge, NonPositiveSoftmaxScalesAreHonoured) {
   // A masked score is -inf whatever the scale: kernels that scale after masking would make it +inf (scale < 0)
   // or NaN (scale = 0).
