@@ -24,8 +24,13 @@ constexpr std::int64_t forward_working_set(TileConfig t, std::int64_t d, std::in
 //  D <= 128: 64 x 64  — 59 GFLOP/s, 144 KiB working set; 96 x 64 gave 47.
 //  D <= 256: 32 x 64  — 160 KiB at D = 256; 64-row query tiles (288 KiB) crowd L2 next to the other thread
 //            (not measured yet).
+// Those figures predate the register-blocked products (microkernel.h). Re-measured with them on 2026-12-05, the
+// avx2 set on the AVX-512 EPYC (Zen 5 class; the AVX2 machine was not available), 2 threads, one process, two A/B
+// runs of bench/cpu_ab.py against 64 x 64, S = 2048-8192, full and causal: D <= 64 64 x 128 1.02-1.04x (the
+// per-row costs of the softmax and the output rescale spread over twice the keys); D = 128 64 x 128 0.98-1.02x,
+// groups of 4 query tiles 0.96-0.99x, both with 64 x 128 0.98-1.00x.
 constexpr TileConfig tile_config(std::int64_t hdim) {
-  if (hdim <= 64) return {64, 64};
+  if (hdim <= 64) return {64, 128};
   if (hdim <= 128) return {64, 64};
   return {32, 64};
 }
