@@ -17,7 +17,9 @@
 // for its tiles on its own (no race; GQA's sum over the group's query heads happens inside the task).
 // dQ gets contributions from every key tile, so each part adds into its own float32 dQ buffer
 // [Hq, total_q, D]; the parts are summed in a fixed order at the end. For a given thread count the result
-// is bitwise reproducible. The buffers are linear in Sq; `parts` is 1 when B·Hkv already feeds the threads.
+// is bitwise reproducible. Scale · Q and dO are converted to float once, with D (Shared::qf, dof). The buffers are
+// linear in Sq (dQ's parts and the Q and dO copies: about parts + 2 floats per element of Q); `parts` is 1 when
+// B·Hkv already feeds the threads.
 //
 // In the sets with bf16 tile products (bf16_tiles.h: the AMX sets and the dot-product pair sets) a bf16 call runs
 // the five products on them (key_tile_bf16 below): the operands as the inputs' bf16 bits, P and dS rounded to bf16,
