@@ -210,14 +210,10 @@ TEST(Edge, NaNAndPlusInfScoresGiveNaNRowsAndHiddenValuesStayOut) {
 TEST(Edge, RisingScoresAndLateNonFiniteScoresMatchTheOracle) {
   auto rng = test_rng();
   const double inf = std::numeric_limits<double>::infinity();
-  Case c;
-  c.sq = 70;
-  c.sk = 384;
-  c.hq = 2;
-  c.hkv = 1;
-  c.d = c.dv = 64;
   for (DType t : {DType::float32, DType::float16, DType::bfloat16}) {
-    c.dtype = t;
+    Case c = semantics_case(t, false);
+    c.sk = 384;
+    c.d = c.dv = 64;
     for (double slope : {3.0, 0.3}) {
       SCOPED_TRACE(c.name() + " slope " + std::to_string(slope));
       Problem p(c, rng);
