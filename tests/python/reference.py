@@ -169,16 +169,23 @@ def max_err(x, ref):
 
 EPS = {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
 
+# The bf16 forwards (vdpbf16ps pairs, AMX tiles) take P from a degree-4 polynomial for 2^f, relative error at most
+# 4e-6 (src/cpu/exp2.h kExp2Bf16Poly; tests/test_exp2.cpp Bf16PolynomialRelativeError bounds it): each row sum l
+# carries that relative error, so LSE = m + log l carries it as an absolute one. A drawn case (seed 2983954312, d = 8,
+# causal) had LSE off by 1.59e-6 against 2.2e-7 for standard attention, 1.02 of the float32 allowance without it.
+LSE_POLY_ERR = {"bfloat16": 4e-6}
 
-def within(x, ref, std_err, magnitude, dtype_name="float32", factor=4.0):
-    """Elementwise |x - ref| <= factor * std_err + 2 eps32 * magnitude + ulp(ref), where magnitude is the
+
+def within(x, ref, std_err, magnitude, dtype_name="float32", factor=4.0, extra=0.0):
+    """Elementwise |x - ref| <= factor * std_err + 2 eps32 * magnitude + ulp(ref) + extra, where magnitude is the
     sum of the absolute values of the terms behind each element (forward_magnitudes, lse_magnitudes,
-    attention_backward(magnitudes=True)) and eps32 float32's epsilon, the precision kernels compute in
+    attention_backward(magnitudes=True)), extra an absolute bound of a known error (LSE_POLY_ERR), and eps32
+    float32's epsilon, the precision kernels compute in
     whatever the storage type. std_err, standard attention's error in the same precision, carries the
     16-bit rounding of P; ulp(ref) the final rounding to `dtype_name`. Returns the worst ratio of error to
     allowance (<= 1 passes)."""
     x = np.asarray(x, dtype=np.float64)
     ref = np.asarray(ref, dtype=np.float64)
     allow = (factor * std_err + 2 * EPS["float32"] * np.asarray(magnitude, dtype=np.float64)
-             + EPS[dtype_name] * np.abs(ref) + 1e-30)
+             + EPS[dtype_name] * np.abs(ref) + extra + 1e-30)
     return float((np.abs(x - ref) / allow).max(initial=0.0))
