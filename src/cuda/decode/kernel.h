@@ -67,8 +67,8 @@ struct Traits {
   static constexpr int kSmemQ = kRows * kHeadDim;
   static constexpr int kSmemBytes = (kSmemQ + 2 * kStages * kStageElems) * int(sizeof(Element));
   static_assert(kSmemBytes == decode_smem_bytes(kHeadDim, kRows));
-  // The epilogue's fp32 outputs and LSEs of the parts reuse the K/V ring.
-  static_assert(kParts * kRows * (kHeadDim + 1) * 4 <= 2 * kStages * kStageElems * int(sizeof(Element)));
+  // The epilogue's fp32 outputs and LSEs of the parts (kParts > 1, store_rows) reuse the K/V ring.
+  static_assert(merge_smem_bytes<kRows, kHeadDim, kParts>() <= 2 * kStages * kStageElems * int(sizeof(Element)));
 };
 
 template <class Tr, class V>
@@ -174,17 +174,21 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     cp_async_fence();
   }
 
-  // Epilogue (kernel_parts.h store_rows): the parts merged through shared memory. The combine kernel may start
-  // launching now (it waits for this grid's completion before it reads a part).
+  // Epilogue (kernel_parts.h): one part's rows straight from registers, or four parts merged through shared memory.
+  // The combine kernel may start launching now (it waits for this grid's completion before it reads a part).
   allow_dependents();
-  cp_async_wait<0>();
-  __syncthreads();
   float lse[kRows];
   softmax.finalize(acc_o_rc, score_scale, lse);
   Tensor tOcO = thr_mma.partition_C(make_identity_tensor(Shape<Int<kTileRows>, Int<kD>>{}));
   Tensor tOcO_rc = make_tensor(tOcO.data(), acc_rowcol(tOcO.layout()));
-  store_rows<Element, kTileRows, kD, Tr::kParts>(p, c, acc_o_rc, tOcO_rc, lse, part, reinterpret_cast<float*>(smem_k),
-                                                 [] { __syncthreads(); });
+  if constexpr (Tr::kParts == 1) {
+    store_own_rows<Element>(p, c, acc_o_rc, tOcO_rc, lse);
+  } else {
+    cp_async_wait<0>();
+    __syncthreads();
+    store_rows<Element, kTileRows, kD, Tr::kParts>(p, c, acc_o_rc, tOcO_rc, lse, part,
+                                                   reinterpret_cast<float*>(smem_k));
+  }
 }
 
 }  // namespace flashtile::cuda::decode

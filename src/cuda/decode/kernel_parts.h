@@ -302,16 +302,68 @@ struct PackedRows {
   }
 };
 
-// The epilogue: each part's normalised O and LSE through shared memory `so` (fp32 [parts][rows][kD], then the
-// LSEs [parts][rows]; the K/V ring, free once every copy has landed), merged over the parts; written to out / lse,
-// or as this split's part to the workspace. Called by the kThreads threads that hold O, after every copy into the
-// ring has landed and been read; sync() is their barrier.
-template <class Element, int kTileRows, int kD, int kParts, class O, class Coord, class Sync>
-CUTE_DEVICE void store_rows(const DecodeParams& p, const CtaPlace& c, O const& acc_o_rc, Coord const& coord_rc,
-                            const float* lse, int part, float* so, Sync sync) {
+// The epilogue of a tile held whole by one thread group (one part): each thread writes its own rows of O straight
+// from the accumulator, as pairs of adjacent columns, to out or as this split's part to the workspace, and the
+// first lane of each quad their LSE. Through shared memory (store_rows as it was then, with the merge's expf and
+// logf per element), the 64-row kernels' epilogue cost each CTA about 30 us: batch 1, 32k keys, Sq 16 took 73.4 us
+// against 44.9 us written from registers (bench/results/h200-decode-ab.md, 2026-12-04).
+template <class Element, class O, class Coord>
+CUTE_DEVICE void store_own_rows(const DecodeParams& p, const CtaPlace& c, O const& acc_o_rc, Coord const& coord_rc,
+                                const float* lse) {
   const detail::AttnParams& a = p.a;
   constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
-  float* sl = so + kParts * kTileRows * kD;
+  const int hdim_v = static_cast<int>(a.hdim_v);
+  const std::int64_t part_rows = a.batch * a.heads_q * a.seqlen_q;
+  CUTE_UNROLL
+  for (int mi = 0; mi < kRows; ++mi) {
+    const int r = get<0>(coord_rc(mi, 0));
+    if (r >= c.nrows) continue;
+    const PackedRow pr = packed_row(c.r0 + r, c.group, c.hk);
+    if (p.splits == 1) {
+      Element* dst = static_cast<Element*>(a.out) + c.b * a.out_stride.batch + pr.token * a.out_stride.row +
+                     pr.head * a.out_stride.head;
+      CUTE_UNROLL
+      for (int ni = 0; ni < size<1>(acc_o_rc); ni += 2) {
+        const int col = get<1>(coord_rc(mi, ni));  // even; col + 1 is this thread's next value
+        if (col < hdim_v) {
+          cutlass::Array<Element, 2> pair;
+          pair[0] = Element(acc_o_rc(mi, ni));
+          pair[1] = Element(acc_o_rc(mi, ni + 1));
+          *reinterpret_cast<cutlass::Array<Element, 2>*>(dst + col) = pair;
+        }
+      }
+      if (threadIdx.x % 4 == 0 && a.lse != nullptr)
+        a.lse[c.b * a.lse_stride.batch + pr.head * a.lse_stride.head + pr.token * a.lse_stride.row] = lse[mi];
+    } else {
+      const std::int64_t row = c.split * part_rows + (c.b * a.heads_q + pr.head) * a.seqlen_q + pr.token;
+      float* dst = p.o_part + row * hdim_v;
+      CUTE_UNROLL
+      for (int ni = 0; ni < size<1>(acc_o_rc); ni += 2) {
+        const int col = get<1>(coord_rc(mi, ni));
+        if (col < hdim_v) *reinterpret_cast<float2*>(dst + col) = make_float2(acc_o_rc(mi, ni), acc_o_rc(mi, ni + 1));
+      }
+      if (threadIdx.x % 4 == 0) p.lse_part[row] = lse[mi];
+    }
+  }
+}
+
+// The epilogue of a tile split into parts along the keys: each part's normalised O and LSE through shared memory
+// `so` (the K/V ring, free once every copy has landed: fp32 [parts][rows][kD], then the LSEs, the weights (both
+// [parts][rows]) and the merged LSEs [rows]), merged over the parts (core/merge_rule.h) and written to out / lse, or
+// as this split's part to the workspace. The merged LSE and the parts' weights are computed once per row, then O
+// four columns at a time. Call after cp_async_wait<0>() and a CTA barrier.
+template <int kTileRows, int kD, int kParts>
+constexpr int merge_smem_bytes() {
+  return (kParts * kTileRows * (kD + 2) + kTileRows) * 4;
+}
+template <class Element, int kTileRows, int kD, int kParts, class O, class Coord>
+CUTE_DEVICE void store_rows(const DecodeParams& p, const CtaPlace& c, O const& acc_o_rc, Coord const& coord_rc,
+                            const float* lse, int part, float* so) {
+  const detail::AttnParams& a = p.a;
+  constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
+  float* sl = so + kParts * kTileRows * kD;  // [parts][rows]: each part's LSE
+  float* sw = sl + kParts * kTileRows;       // [parts][rows]: its weight in the merge
+  float* sm = sw + kParts * kTileRows;       // [rows]: the merged LSE
   CUTE_UNROLL
   for (int mi = 0; mi < kRows; ++mi) {
     const int r = get<0>(coord_rc(mi, 0));
@@ -320,25 +372,46 @@ CUTE_DEVICE void store_rows(const DecodeParams& p, const CtaPlace& c, O const& a
       so[(part * kTileRows + r) * kD + get<1>(coord_rc(mi, di))] = acc_o_rc(mi, di);
     if (threadIdx.x % 4 == 0) sl[part * kTileRows + r] = lse[mi];
   }
-  sync();
-  const int hdim_v = static_cast<int>(a.hdim_v);
-  Element* out = static_cast<Element*>(a.out);
+  __syncthreads();
   const std::int64_t part_rows = a.batch * a.heads_q * a.seqlen_q;
-  for (int i = threadIdx.x; i < c.nrows * hdim_v; i += kThreads) {
-    const int r = i / hdim_v, col = i % hdim_v;
+  auto part_row = [&](const PackedRow& pr) {
+    return c.split * part_rows + (c.b * a.heads_q + pr.head) * a.seqlen_q + pr.token;
+  };
+  for (int r = threadIdx.x; r < c.nrows; r += kThreads) {
     const float l = merged_lse([&](int w) { return sl[w * kTileRows + r]; }, kParts);
-    float o = 0.f;
+    sm[r] = l;
     CUTE_UNROLL
-    for (int w = 0; w < kParts; ++w) o += part_weight(sl[w * kTileRows + r], l) * so[(w * kTileRows + r) * kD + col];
+    for (int w = 0; w < kParts; ++w) sw[w * kTileRows + r] = part_weight(sl[w * kTileRows + r], l);
+    const PackedRow pr = packed_row(c.r0 + r, c.group, c.hk);
+    if (p.splits > 1) p.lse_part[part_row(pr)] = l;
+    else if (a.lse != nullptr)
+      a.lse[c.b * a.lse_stride.batch + pr.head * a.lse_stride.head + pr.token * a.lse_stride.row] = l;
+  }
+  __syncthreads();
+  const int quads = static_cast<int>(a.hdim_v) / 4;  // hdim_v is a multiple of 8
+  for (int i = threadIdx.x; i < c.nrows * quads; i += kThreads) {
+    const int r = i / quads, col = i % quads * 4;
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+    CUTE_UNROLL
+    for (int w = 0; w < kParts; ++w) {
+      const float wt = sw[w * kTileRows + r];
+      const float4 x = *reinterpret_cast<const float4*>(so + (w * kTileRows + r) * kD + col);
+      o.x += wt * x.x;
+      o.y += wt * x.y;
+      o.z += wt * x.z;
+      o.w += wt * x.w;
+    }
     const PackedRow pr = packed_row(c.r0 + r, c.group, c.hk);
     if (p.splits == 1) {
-      out[c.b * a.out_stride.batch + pr.token * a.out_stride.row + pr.head * a.out_stride.head + col] = Element(o);
-      if (col == 0 && a.lse != nullptr)
-        a.lse[c.b * a.lse_stride.batch + pr.head * a.lse_stride.head + pr.token * a.lse_stride.row] = l;
+      cutlass::Array<Element, 4> v;
+      v[0] = Element(o.x);
+      v[1] = Element(o.y);
+      v[2] = Element(o.z);
+      v[3] = Element(o.w);
+      *reinterpret_cast<cutlass::Array<Element, 4>*>(static_cast<Element*>(a.out) + c.b * a.out_stride.batch +
+                                                     pr.token * a.out_stride.row + pr.head * a.out_stride.head + col) = v;
     } else {
-      const std::int64_t row = c.split * part_rows + (c.b * a.heads_q + pr.head) * a.seqlen_q + pr.token;
-      p.o_part[row * hdim_v + col] = o;
-      if (col == 0) p.lse_part[row] = l;
+      *reinterpret_cast<float4*>(p.o_part + part_row(pr) * a.hdim_v + col) = o;
     }
   }
 }

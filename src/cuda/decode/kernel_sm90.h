@@ -54,8 +54,6 @@ struct WgTraits {
   // CTAs per SM by shared memory (228 KB per SM, 1 KB of it reserved per CTA): the register bound of the launch.
   static constexpr int kCtasPerSm = 228 * 1024 / (kSmemBytes + 1024);
   static_assert(kCtasPerSm >= 2);
-  // The epilogue's fp32 output and LSE reuse the K/V ring.
-  static_assert(kRows * (kHeadDim + 1) * 4 <= 2 * kStages * kStageElems * int(sizeof(Element)));
 };
 
 template <class Tr, class V>
@@ -167,15 +165,12 @@ __global__ void __launch_bounds__(Tr::kCtaThreads, Tr::kCtasPerSm) decode_wg_ker
     cutlass::arch::ClusterBarrier::arrive(&empty[stage]);  // both products of the stage are done
   }
 
-  // Epilogue: the ring is free (every announced stage was read; the producer copies nothing past the last tile).
   allow_dependents();
-  sync_consumers();
   float lse[kRows];
   softmax.finalize(acc_o_rc, score_scale, lse);
   Tensor tOcO = thr_pv.partition_C(make_identity_tensor(Shape<Int<kTileRows>, Int<kD>>{}));
   Tensor tOcO_rc = make_tensor(tOcO.data(), sm90::acc_rowcol(tOcO.layout()));
-  store_rows<Element, kTileRows, kD, 1>(p, c, acc_o_rc, tOcO_rc, lse, 0, reinterpret_cast<float*>(smem_k),
-                                        sync_consumers);
+  store_own_rows<Element>(p, c, acc_o_rc, tOcO_rc, lse);
 #endif
 }
 
