@@ -51,7 +51,7 @@ HBM_PEAK_GBS = 4800.0  # H200 HBM3e
 PEERS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
          "cudnn": SDPBackend.CUDNN_ATTENTION}
 # Device-side work of one FlashTile call (the read-back's D2H copy is not the call's work).
-FT_OPS = ("prepare_kernel", "check_kernel", "decode_kernel", "combine_kernel", "Memset")
+FT_OPS = ("prepare_kernel", "check_kernel", "decode_kernel", "decode_wg_kernel", "combine_kernel", "Memset")
 FT_FIRST_OPS = ("prepare_kernel", "Memset")  # a small call's one-CTA check, or a large call's reset
 
 

@@ -21,6 +21,11 @@ class Backend {
   virtual bool eligible_for_auto() const { return true; }
   // Empty when the backend can run the call; otherwise one line per reason.
   virtual Reasons can_run(const AttnParams& p) const = 0;
+  // True when p is not this backend's to run: its tensors are on another kind of device, the GPU is of another
+  // architecture, or another backend holds the kernel made for the call (cuda-sm90's KV-cache calls of up to 16
+  // packed rows run cuda-sm80's). Such a refusal is the plan, not a limit: strict "auto" does not call the backend
+  // that runs instead a fall-back.
+  virtual bool hands_over(const AttnParams& p) const = 0;
   // Describes the kernel that run() would launch for p (same tile sizes, ISA, threads).
   virtual KernelInfo plan(const AttnParams& p) const = 0;
   // Scratch bytes run(p) needs for a backward (Options::workspace); 0 when it needs none.

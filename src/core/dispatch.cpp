@@ -3,7 +3,8 @@
 //    is listed in the report with its reasons. Oracles (cpu-reference) are never picked by auto.
 //  - a name: that backend if it can run. Otherwise, not strict: auto's choice runs and the report says
 //    fell_back = true with the named backend's reasons; strict: UnsupportedError listing the reasons.
-//  - strict with "auto": an error unless the first auto-eligible backend for the tensors' device runs.
+//  - strict with "auto": an error unless the first auto-eligible backend runs that does not hand the call over
+//    (Backend::hands_over: another device, another GPU architecture, or a call another backend's kernel is made for).
 //  - nothing can run: UnsupportedError listing every backend's reasons.
 #include <sstream>
 
@@ -103,9 +104,7 @@ const Backend* choose(const AttnParams& p, const Options& o, DispatchReport& rep
                                b->name() + "' because faster backends refused:" + list_reasons(report.refused));
       return b.get();
     }
-    // A backend for another device is not a fallback candidate for strict auto.
-    const bool other_device = why.front().rfind("device:", 0) == 0;
-    if (!other_device) first_choice = false;
+    if (!b->hands_over(p)) first_choice = false;  // the next backend to run would be a fall-back
     report.refused.push_back({b->name(), std::move(why)});
   }
   throw UnsupportedError(std::string("flashtile.") + op + ": no backend can run this call:" +

@@ -45,6 +45,7 @@ class CpuFlash final : public Backend {
 
  public:
   std::string name() const override { return "cpu-flash"; }
+  bool hands_over(const AttnParams& p) const override { return p.device != Device::cpu; }
   Reasons can_run(const AttnParams& p) const override {
     Reasons why = host_only(p);
     try {
@@ -129,6 +130,7 @@ class CpuReference final : public Backend {
  public:
   std::string name() const override { return "cpu-reference"; }
   bool eligible_for_auto() const override { return false; }
+  bool hands_over(const AttnParams& p) const override { return p.device != Device::cpu; }
   Reasons can_run(const AttnParams& p) const override {
     Reasons why = host_only(p);
     // The oracle takes dense K and V: a test gathers the cache into them itself (tests/test_kvcache.cpp), so that

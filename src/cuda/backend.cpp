@@ -40,6 +40,7 @@ using cuda::elem_name;
 class CudaSm80 final : public Backend {
  public:
   std::string name() const override { return kName; }
+  bool hands_over(const AttnParams& p) const override { return p.device != Device::cuda; }
 
   Reasons can_run(const AttnParams& p) const override {
     Reasons why;

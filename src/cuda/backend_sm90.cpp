@@ -27,6 +27,9 @@ namespace sm90 = cuda::sm90;
 
 constexpr const char* kName = "cuda-sm90";
 
+// The kernels are sm_90a code: compute capability 9.0 exactly.
+bool hopper(const cuda::Gpu& g) { return g.major == 9 && g.minor == 0; }
+
 int bucket_of(const AttnParams& p) { return sm90::hdim_bucket(static_cast<int>(std::max(p.hdim, p.hdim_v))); }
 // The backward kernel's head dim (tile_table.h: bucket 192 runs the 256 kernel).
 int bwd_hdim_of(const AttnParams& p) { return sm90::bwd_hdim(bucket_of(p)); }
@@ -60,12 +63,18 @@ void check_tma_strides(const AttnParams& p, Reasons& why) {
 class CudaSm90 final : public Backend {
  public:
   std::string name() const override { return kName; }
+  // Not Hopper, or a KV-cache call for cuda-sm80's 16-row kernel: cuda-sm80 runs it, as planned.
+  bool hands_over(const AttnParams& p) const override {
+    if (p.device != Device::cuda || cuda::kvcache_runs_on_sm80(p)) return true;
+    const cuda::Gpu* gpu = cuda::gpu(p.device_index);
+    return gpu != nullptr && !hopper(*gpu);
+  }
 
   Reasons can_run(const AttnParams& p) const override {
     Reasons why;
     const cuda::Gpu* gpu = cuda::check_common(p, kName, why);
     if (gpu == nullptr) return why;
-    if (gpu->major != 9 || gpu->minor != 0)
+    if (!hopper(*gpu))
       why.push_back("compute capability " + std::to_string(gpu->major) + "." + std::to_string(gpu->minor) + " of " +
                     gpu->name + " is not 9.0 (the kernels are sm_90a code: wgmma, setmaxnreg, TMA)");
     if (p.kvcache) {  // cp.async, not TMA: the decode path's own buckets and checks (checks.cpp took the short tiles)

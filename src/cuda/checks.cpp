@@ -79,6 +79,10 @@ void check_variants(const AttnParams& p, Reasons& why) {
 
 }  // namespace
 
+bool kvcache_runs_on_sm80(const AttnParams& p) {
+  return p.device == Device::cuda && p.kvcache && !decode::wgmma_tile(p.group() * p.seqlen_q);
+}
+
 const Gpu* check_common(const AttnParams& p, const char* backend, Reasons& why) {
   if (p.device != Device::cuda) {
     why.push_back(std::string("device: tensors are on ") + std::string(device_name(p.device)) + ":" +
@@ -97,11 +101,10 @@ const Gpu* check_common(const AttnParams& p, const char* backend, Reasons& why) 
                   std::to_string(g.list.size()) + " devices)");
     return nullptr;
   }
-  // cuda-sm90's KV-cache kernel is the wgmma one of the 64-row tiles (decode/kernel_sm90.h); up to 16 packed rows
-  // (one-token decode at GQA <= 16) the 16-row mma.sync kernel of cuda-sm80 runs the call on Hopper too: a wgmma
-  // tile is 64 rows, 4 to 64 times the products for the same bytes read. Refused here, before the pointer queries (a
+  // cuda-sm90's KV-cache kernel is the wgmma one of the 64-row tiles (decode/kernel_sm90.h); the calls of up to 16
+  // packed rows it hands to cuda-sm80 (kvcache_runs_on_sm80). Refused here, before the pointer queries (a
   // cudaPointerGetAttributes per tensor), which cuda-sm80's check then makes: a decode call paid them twice.
-  if (p.kvcache && std::string_view(backend) == "cuda-sm90" && !decode::wgmma_tile(p.group() * p.seqlen_q)) {
+  if (std::string_view(backend) == "cuda-sm90" && kvcache_runs_on_sm80(p)) {
     why.push_back("KV cache: G·Sq = " + std::to_string(p.group() * p.seqlen_q) +
                   " packed rows <= 16 run on cuda-sm80's 16-row mma.sync decode kernel (cuda-sm90's wgmma kernel "
                   "takes 64-row tiles: 4x to 64x the products for the same K and V bytes)");

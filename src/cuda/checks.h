@@ -14,6 +14,10 @@ namespace flashtile::cuda {
 // KV-cache call off cuda-sm80), after which nothing else was checked.
 const Gpu* check_common(const detail::AttnParams& p, const char* backend, detail::Reasons& why);
 
+// A KV-cache call of up to 16 packed rows (G · Sq): cuda-sm80's 16-row mma.sync decode kernel runs it on Hopper
+// too, since a wgmma tile is 64 rows (4x to 64x the products for the same K and V bytes); cuda-sm90 hands it over.
+bool kvcache_runs_on_sm80(const detail::AttnParams& p);
+
 // The backward's workspace (common/params.h, BwdParams): dq_accum [slots, bucket] fp32, dsum and lse_log2
 // [slots], sink_terms [slots] with sinks, and with deterministic one counter per block of slots; each part
 // 256-byte aligned. Slots: batch mode [B, Hq, Sq_pad]; varlen [Hq, (total_q + block_m * B) rounded down to

@@ -462,6 +462,11 @@ TEST(GpuKvCacheDispatch, Sm90TakesTheTallTilesOnly) {
         std::find_if(r.refused.begin(), r.refused.end(), [](const auto& x) { return x.backend == "cuda-sm90"; });
     if (sq == 1) {
       EXPECT_EQ(r.ran.backend, "cuda-sm80") << r.to_string();
+      // cuda-sm90 hands the call over by design: strict auto runs it on cuda-sm80 and calls nothing a fall-back.
+      o.strict = true;
+      const auto strict = flashtile::forward_kvcache(d.q->view(), d.cache(0), d.out->view(), d.lse->view(), o);
+      EXPECT_EQ(strict.ran.backend, "cuda-sm80") << strict.to_string();
+      EXPECT_FALSE(strict.fell_back) << strict.to_string();
       if (sm90 == r.refused.end()) GTEST_SKIP() << "cuda-sm90 is not in this build: " << r.to_string();
       EXPECT_TRUE(std::any_of(sm90->reasons.begin(), sm90->reasons.end(), [](const std::string& why) {
         return why.find("G·Sq = 4 packed rows <= 16") != std::string::npos;
