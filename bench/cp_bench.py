@@ -17,6 +17,8 @@ each rep started together on every rank after a barrier, the slowest rank's medi
               (aten._scaled_dot_product_cudnn_attention and its backward, which return and take the log-sum-exp),
               --peer flash for SDPA's flash kernels instead;
   * single    rank 0 alone: flashtile.flash_attn_func on `tokens` (and the peer kernel), for weak scaling.
+  * margins   with --sm-margins M1,M2,...: the ring again with sm_margin=M (the steps with a transfer in flight
+              leave M SMs to NCCL); the best margin's time, weak-scaling efficiency and hidden share get columns.
 Figures: per-GPU TFLOP/s (forward 4*B*H*S^2*D, halved when causal; backward 2.5x; S the whole sequence, divided by
 the world size), weak-scaling efficiency = per-GPU TFLOP/s of the ring over that of one GPU on `tokens`
 (= world * t_single / t_ring), and the hidden share of communication = 1 - max(0, t_ring - t_compute) / t_comm.
@@ -117,7 +119,9 @@ def _peer_ops(kind, device):
 def kernels(fwd, bwd):
     """The ring code with another kernel per block: the schedule, transfers and merges stay flashtile's."""
     saved = _ring.flash_attn_func, _ring.flash_attn_backward
-    _ring.flash_attn_func, _ring.flash_attn_backward = fwd, bwd
+    # torch's kernels take no SM margin (the ring passes flashtile's sm_margin to every block call).
+    _ring.flash_attn_func = lambda *a, sm_margin=0, **kw: fwd(*a, **kw)
+    _ring.flash_attn_backward = lambda *a, sm_margin=0, **kw: bwd(*a, **kw)
     try:
         yield
     finally:
@@ -222,7 +226,7 @@ def comm_only(ring, k, v, mode, timer):
     return run
 
 
-def cell(a, tokens, causal, mode, device, timer, peer):
+def cell(a, tokens, causal, mode, device, timer, peer, margins):
     rank, world = dist.get_rank(), dist.get_world_size()
     g = torch.Generator(device=device).manual_seed(1000 * rank + tokens)
     shape = (a.batch, tokens, a.heads, a.hdim)
@@ -254,6 +258,9 @@ def cell(a, tokens, causal, mode, device, timer, peer):
             row["compute_ms"] = measure(timer, step(ring_fn, q, k, v, dout, mode), reps, warm)
         ring = _ring.Ring(None, world, rank, [[tokens]] * world, layout, causal, (-1, -1))
         row["comm_ms"] = measure(timer, comm_only(ring, k.detach(), v.detach(), mode, timer), reps, warm)
+    for m in margins:
+        fn = lambda q, k, v, m=m: ftd.ring_flash_attn_func(q, k, v, strategy="ring", sm_margin=m, **kw)  # noqa: E731
+        row.setdefault("ring_margin_ms", {})[str(m)] = measure(timer, step(fn, q, k, v, dout, mode), reps, warm)
     if a.heads % world == 0:
         row["a2a_ms"] = measure(timer, step(a2a_fn, q, k, v, dout, mode), reps, warm)
     if "peer_error" not in row:
@@ -316,6 +323,13 @@ def _figures(row, world):
         row["peer_weak_scaling_eff"] = row["peer_tflops_per_gpu"] / row["peer_single_tflops"]
     if "compute_ms" in row and row.get("comm_ms", 0) > 0:
         row["comm_hidden"] = max(0.0, min(1.0, 1 - max(0.0, row["ring_ms"] - row["compute_ms"]) / row["comm_ms"]))
+    if row.get("ring_margin_ms"):
+        m, ms = min(row["ring_margin_ms"].items(), key=lambda x: x[1])
+        row["best_margin"], row["best_margin_ms"] = int(m), ms
+        if "single_ms" in row:
+            row["best_margin_weak_eff"] = f_cp / ms / 1e9 / row["single_tflops"]
+        if "compute_ms" in row and row.get("comm_ms", 0) > 0:
+            row["best_margin_comm_hidden"] = max(0.0, min(1.0, 1 - max(0.0, ms - row["compute_ms"]) / row["comm_ms"]))
 
 
 # --- output ------------------------------------------------------------------------------------------------------
@@ -326,7 +340,9 @@ COLS = [("tokens_per_gpu", "tokens/GPU", "{}"), ("causal", "causal", "{}"), ("mo
         ("weak_scaling_eff", "weak eff", "{:.0%}"), ("compute_ms", "compute ms", "{:.2f}"),
         ("comm_ms", "comm ms", "{:.2f}"), ("comm_hidden", "comm hidden", "{:.0%}"), ("a2a_ms", "a2a ms", "{:.2f}"),
         ("peer_ms", "peer ring ms", "{:.2f}"), ("peer_tflops_per_gpu", "peer TF/GPU", "{:.0f}"),
-        ("peer_weak_scaling_eff", "peer weak eff", "{:.0%}"), ("peer_max_diff", "peer |diff|", "{:.1e}")]
+        ("peer_weak_scaling_eff", "peer weak eff", "{:.0%}"), ("peer_max_diff", "peer |diff|", "{:.1e}"),
+        ("best_margin", "best sm_margin", "{}"), ("best_margin_ms", "ring ms at it", "{:.2f}"),
+        ("best_margin_weak_eff", "weak eff at it", "{:.0%}"), ("best_margin_comm_hidden", "comm hidden at it", "{:.0%}")]
 
 
 def markdown(meta, rows):
@@ -336,8 +352,14 @@ def markdown(meta, rows):
              f"{meta['hdim']}; causal cells use the zigzag layout, full ones contiguous. Median of {meta['reps']} "
              "(slowest rank). TF/GPU counts the useful FLOPs of the whole sequence divided by the world size.", "",
              "| " + " | ".join(c[1] for c in COLS) + " |", "|" + "---|" * len(COLS)]
+    cols = [c for c in COLS if any(c[0] in r for r in rows)]  # the margin columns only when swept
+    lines[-2:] = ["| " + " | ".join(c[1] for c in cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
-        lines.append("| " + " | ".join(fmt.format(r[key]) if key in r else "" for key, _, fmt in COLS) + " |")
+        lines.append("| " + " | ".join(fmt.format(r[key]) if key in r else "" for key, _, fmt in cols) + " |")
+    swept = [r for r in rows if r.get("ring_margin_ms")]
+    if swept:
+        lines += ["", "Ring ms by sm_margin (same cells, same order): " + "; ".join(
+            ", ".join(f"{m}: {ms:.2f}" for m, ms in r["ring_margin_ms"].items()) for r in swept)]
     errors = {r["peer_error"] for r in rows if "peer_error" in r}
     lines += [""] + [f"peer error: {e}" for e in sorted(errors)]
     return "\n".join(lines) + "\n"
@@ -393,6 +415,7 @@ def main():
     ap.add_argument("--modes", default="fwd,fwd_bwd")
     ap.add_argument("--peer", default="cudnn", choices=("cudnn", "flash"))
     ap.add_argument("--smoke", action="store_true", help="CPU processes with gloo, float32, tiny shapes")
+    ap.add_argument("--sm-margins", default="", help="also time the ring with each sm_margin, comma-separated")
     ap.add_argument("--out", default="cp_bench", help="writes OUT.json, OUT.md, OUT.png")
     a = ap.parse_args()
     if a.smoke:
@@ -407,11 +430,12 @@ def main():
         torch.cuda.set_device(device)
     timer = Timer(device)
     peer = _peer_ops(a.peer, device)
+    margins = [int(x) for x in a.sm_margins.split(",") if x]
     rows = []
     for tokens in [int(x) for x in a.tokens.split(",")]:
         for causal in [x == "1" for x in a.causal.split(",")]:
             for mode in a.modes.split(","):
-                row = cell(a, tokens, causal, mode, device, timer, peer)
+                row = cell(a, tokens, causal, mode, device, timer, peer, margins)
                 rows.append(row)
                 if dist.get_rank() == 0:
                     print(json.dumps(row), flush=True)

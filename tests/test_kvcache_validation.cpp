@@ -108,6 +108,12 @@ TEST(KvCacheValidation, NewKeysOfWrongShape) {
   expect_refused<flashtile::InvalidArgument>(c, {"k_new", "[2, 1, 2, 16]"});
 }
 
+TEST(KvCacheValidation, NegativeSmMargin) {
+  Call c;
+  c.options.sm_margin = -1;
+  expect_refused<flashtile::InvalidArgument>(c, {"sm_margin", "-1"});
+}
+
 TEST(KvCacheValidation, BatchIndexOutOfRange) {
   Call c;
   Tensor idx(DType::int32, {2});

@@ -99,6 +99,7 @@ std::vector<BadCase> bad_cases() {
       {"out aliases q", [](Views& v) { v.out.data = v.q.data; v.out.dtype = v.q.dtype; }, Kind::invalid, {"out", "overlaps input q"}, true},
       {"nan scale", [](Views& v) { v.o.softmax_scale = std::nanf(""); }, Kind::invalid, {"softmax_scale"}},
       {"threads", [](Views& v) { v.o.num_threads = -2; }, Kind::invalid, {"num_threads", "-2"}},
+      {"sm_margin", [](Views& v) { v.o.sm_margin = -3; }, Kind::invalid, {"sm_margin", "-3"}},
       {"unknown backend", [](Views& v) { v.o.backend = "tpu"; }, Kind::invalid, {"tpu", "cpu-flash"}},
       {"misaligned q", [](Views& v) { v.q.data = static_cast<char*>(v.q.data) + 2; }, Kind::invalid,
        {"q", "aligned", "4-byte"}},

@@ -77,9 +77,10 @@ typedef struct ft_variants {
   const ft_tensor* cu_seqlens_k;     /* [B + 1] */
   const ft_tensor* seqused_k;        /* [B]: keys of sequence b that are used (varlen or batched) */
   int64_t max_seqlen_q, max_seqlen_k; /* varlen: no sequence longer than these */
+  int64_t sm_margin;                 /* CUDA: SMs left to other kernels (Options::sm_margin); 0 = none. Version 2 */
 } ft_variants;
 
-#define FT_VARIANTS_INIT {sizeof(ft_variants), -1, -1, 0.0, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0}
+#define FT_VARIANTS_INIT {sizeof(ft_variants), -1, -1, 0.0, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0, 0}
 
 /* ft_forward / ft_backward with the variants; variants NULL gives exactly ft_forward / ft_backward. */
 FT_CAPI_EXPORT int ft_forward_ex(const ft_tensor* q, const ft_tensor* k, const ft_tensor* v, const ft_tensor* out,

@@ -45,6 +45,12 @@ struct Options {
   // CUDA backends: the stream (a cudaStream_t) to enqueue on; null = the default stream. The call is
   // asynchronous with respect to the host on that stream, as a CUDA library call is.
   void* cuda_stream = nullptr;
+  // CUDA backends: streaming multiprocessors the call leaves to other kernels running beside it, such as the
+  // transfers of context-parallel attention (as FlashAttention-3's sm_margin). It shrinks the grids the library
+  // sizes to the SM count: cuda-sm90's persistent forward (one CTA per SM) and forward_kvcache's split-KV plan. A
+  // kernel whose grid has one CTA per tile is spread by the hardware over whichever SMs are free and needs no margin;
+  // the CPU backends ignore it. >= 0 and below the device's SM count (a CUDA backend refuses more).
+  int sm_margin = 0;
   // Backward and forward_kvcache: scratch memory for the backend (device memory of the tensors' device for CUDA),
   // at least backward_workspace_bytes() (forward_kvcache_workspace_bytes()) large and 256-byte aligned. Given, the call allocates nothing, so it can be
   // captured in a CUDA graph with memory the caller's allocator owns (the Python package passes a torch

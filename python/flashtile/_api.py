@@ -42,7 +42,7 @@ _VARIANT_DOC = """
 
 def flash_attn_func(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                     alibi_slopes=None, sinks=None, return_lse=False, backend="auto", strict=False,
-                    deterministic=False, dropout_p=0.0):
+                    deterministic=False, dropout_p=0.0, sm_margin=0):
     """Exact attention, softmax(softmax_scale * q @ k^T) @ v, computed in tiles without materialising P.
 
     Args:
@@ -60,6 +60,10 @@ def flash_attn_func(q, k, v, *, softmax_scale=None, causal=False, window_size=(-
             backend cannot run; the error lists its reasons.
         deterministic: make the backward pass bitwise reproducible (used by torch autograd).
         dropout_p: accepted for source compatibility with flash_attn; only 0.0 is supported.
+        sm_margin: CUDA: streaming multiprocessors to leave to kernels running beside this call, such as the
+            transfers of context-parallel attention (FlashAttention-3's sm_margin): cuda-sm90's persistent
+            forward runs on the device's SMs less this many. Kernels with a CTA per tile ignore it (the
+            hardware places them on the free SMs), and so do the CPU backends. 0 <= sm_margin < the SM count.
 
     Returns:
         out (B, Sq, Hq, Dv) of q's type, dtype and device, or (out, lse) with return_lse. For torch tensors
@@ -70,7 +74,8 @@ def flash_attn_func(q, k, v, *, softmax_scale=None, causal=False, window_size=(-
     """
     if dropout_p != 0.0:
         check_dropout(dropout_p)
-    call = make_call(softmax_scale, causal, window_size, softcap, alibi_slopes, sinks, backend, strict, deterministic)
+    call = make_call(softmax_scale, causal, window_size, softcap, alibi_slopes, sinks, backend, strict, deterministic,
+                     sm_margin=sm_margin)
     if _is_torch(q):  # checked first: this runs on every call of a training or serving loop
         out, lse = _torch_ops.forward(q, k, v, call)
     else:
@@ -81,7 +86,8 @@ def flash_attn_func(q, k, v, *, softmax_scale=None, causal=False, window_size=(-
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale=None,
                            causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None,
-                           return_lse=False, backend="auto", strict=False, deterministic=False, dropout_p=0.0):
+                           return_lse=False, backend="auto", strict=False, deterministic=False, dropout_p=0.0,
+                           sm_margin=0):
     """flash_attn_func over a packed batch of sequences of different lengths (flash_attn's varlen form).
 
     Args:
@@ -99,7 +105,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if dropout_p != 0.0:
         check_dropout(dropout_p)
     call = make_call(softmax_scale, causal, window_size, softcap, alibi_slopes, sinks, backend, strict, deterministic,
-                     cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+                     cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_margin)
     if _is_torch(q):
         out, lse = _torch_ops.forward(q, k, v, call)
     else:
@@ -112,22 +118,25 @@ flash_attn_func.__doc__ = flash_attn_func.__doc__.format(variants=_VARIANT_DOC)
 
 
 def flash_attn_backward(q, k, v, out, dout, lse, *, softmax_scale=None, causal=False, window_size=(-1, -1),
-                        softcap=0.0, alibi_slopes=None, sinks=None, backend="auto", strict=False, deterministic=False):
+                        softcap=0.0, alibi_slopes=None, sinks=None, backend="auto", strict=False, deterministic=False,
+                        sm_margin=0):
     """Gradients (dq, dk, dv) of flash_attn_func's out given dout, for numpy users (torch users get them
     from autograd); with sinks, (dq, dk, dv, dsinks). out and lse are what flash_attn_func(...,
     return_lse=True) returned for the same q, k, v and options; P is recomputed from them. dk and dv sum over
     the query heads sharing a KV head.
     """
-    call = make_call(softmax_scale, causal, window_size, softcap, alibi_slopes, sinks, backend, strict, deterministic)
+    call = make_call(softmax_scale, causal, window_size, softcap, alibi_slopes, sinks, backend, strict, deterministic,
+                     sm_margin=sm_margin)
     return _path(q).backward(q, k, v, out, dout, lse, call)
 
 
 def flash_attn_varlen_backward(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                                softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                               alibi_slopes=None, sinks=None, backend="auto", strict=False, deterministic=False):
+                               alibi_slopes=None, sinks=None, backend="auto", strict=False, deterministic=False,
+                               sm_margin=0):
     """flash_attn_backward for flash_attn_varlen_func's packed layout: (dq, dk, dv) or (dq, dk, dv, dsinks)."""
     call = make_call(softmax_scale, causal, window_size, softcap, alibi_slopes, sinks, backend, strict, deterministic,
-                     cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+                     cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_margin)
     return _path(q).backward(q, k, v, out, dout, lse, call)
 
 
@@ -170,13 +179,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
 def explain(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
             sinks=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, backend="auto",
-            strict=False, backward=False, deterministic=False):
+            strict=False, backward=False, deterministic=False, sm_margin=0):
     """The DispatchReport of the kernel that flash_attn_func (or flash_attn_varlen_func, with cu_seqlens; or, with
     backward=True, its backward) would run for these arguments, with every refused backend's reasons; reads no
     data. Bad arguments raise the same errors as the real call; when no backend could run it, report.backend is ""
     and every refusal is listed. str(report) is a readable summary, report.to_dict() a dict."""
     call = make_call(softmax_scale, causal, window_size, softcap, alibi_slopes, sinks, backend, strict, deterministic,
-                     cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+                     cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_margin)
     path = _path(q)
     if path is _torch_ops:
         return _torch_ops.explain(q, k, v, call, backward)

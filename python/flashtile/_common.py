@@ -75,6 +75,7 @@ class Call(NamedTuple):
     backend: str = "auto"
     strict: bool = False
     deterministic: bool = False
+    sm_margin: int = 0
 
     @property
     def varlen(self) -> bool:
@@ -84,10 +85,10 @@ class Call(NamedTuple):
         """The tuple flashtile._core takes for the variants, or None for a plain call (the cheap path)."""
         if (self.cu_seqlens_q is None and self.cu_seqlens_k is None and self.alibi_slopes is None
                 and self.sinks is None and self.window_left == -1 and self.window_right == -1
-                and self.softcap == 0.0):
+                and self.softcap == 0.0 and self.sm_margin == 0):
             return None
         return (self.window_left, self.window_right, self.softcap, self.alibi_slopes, self.sinks, dsinks,
-                self.cu_seqlens_q, self.cu_seqlens_k, self.max_seqlen_q, self.max_seqlen_k)
+                self.cu_seqlens_q, self.cu_seqlens_k, self.max_seqlen_q, self.max_seqlen_k, self.sm_margin)
 
 
 def window_pair(window_size):
@@ -100,11 +101,20 @@ def window_pair(window_size):
                                    f"got {window_size!r}") from None
 
 
+def sm_margin_arg(sm_margin) -> int:
+    """sm_margin as an int (the library checks its value: >= 0, below the device's SM count)."""
+    if isinstance(sm_margin, int) and not isinstance(sm_margin, bool):
+        return sm_margin
+    raise InvalidArgumentError(f"sm_margin: expected an int (SMs to leave free), got {kind_name(sm_margin)} "
+                               f"{sm_margin!r}")
+
+
 def make_call(softmax_scale, causal, window_size, softcap, alibi_slopes, sinks, backend, strict, deterministic,
-              cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0) -> Call:
+              cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, sm_margin=0) -> Call:
     left, right = (-1, -1) if window_size == (-1, -1) else window_pair(window_size)
     return Call(cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), alibi_slopes, sinks,
-                softmax_scale, bool(causal), left, right, float(softcap), backend, bool(strict), bool(deterministic))
+                softmax_scale, bool(causal), left, right, float(softcap), backend, bool(strict), bool(deterministic),
+                sm_margin_arg(sm_margin))
 
 
 def layouts(call: Call):

@@ -11,7 +11,8 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from . import _core
-from ._common import DTypeError, InvalidArgumentError, check_float, check_rank, dtype_name, kind_name, window_pair
+from ._common import (DTypeError, InvalidArgumentError, check_float, check_rank, dtype_name, kind_name, sm_margin_arg,
+                      window_pair)
 
 UnsupportedError = _core.UnsupportedError
 
@@ -34,19 +35,20 @@ class KVCall(NamedTuple):
     strict: bool = False
     num_threads: int = 0
     async_index_check: bool = False
+    sm_margin: int = 0
 
     def variants(self, alibi_slopes, sinks):
         """The tuple flashtile._core.forward_kvcache takes for the variants (and the index-check mode)."""
         return (self.window_left, self.window_right, self.softcap, alibi_slopes, sinks, self.max_seqlen_k,
-                self.async_index_check)
+                self.async_index_check, self.sm_margin)
 
 
 def make_call(softmax_scale, causal, window_size, softcap, num_splits, max_seqlen_k, backend, strict,
-              num_threads, async_index_check=False) -> KVCall:
+              num_threads, async_index_check=False, sm_margin=0) -> KVCall:
     left, right = (-1, -1) if window_size == (-1, -1) else window_pair(window_size)
     return KVCall(None if softmax_scale is None else float(softmax_scale), bool(causal), left, right, float(softcap),
                   int(num_splits), int(max_seqlen_k), backend, bool(strict), int(num_threads),
-                  bool(async_index_check))
+                  bool(async_index_check), sm_margin_arg(sm_margin))
 
 
 # The C++ API calls the new keys and values k_new / v_new; here they are the arguments k and v.
@@ -122,7 +124,8 @@ def _numpy_call(q, k_cache, v_cache, k, v, cache_seqlens, block_table, cache_bat
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=None, block_table=None,
                             cache_batch_idx=None, softmax_scale=None, causal=False, window_size=(-1, -1),
                             softcap=0.0, alibi_slopes=None, sinks=None, num_splits=0, return_lse=False,
-                            backend="auto", strict=False, num_threads=0, max_seqlen_k=0, async_index_check=False):
+                            backend="auto", strict=False, num_threads=0, max_seqlen_k=0, async_index_check=False,
+                            sm_margin=0):
     """Attention of q against a KV cache, after appending k and v to it in place (inference; decode steps).
 
     Args:
@@ -148,6 +151,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlen
             checked there; by default the call waits for that verdict (a stream synchronisation) and raises the
             typed error. True: no wait, for eager decode loops; a bad index then leaves the cache unchanged and NaN
             in out and lse, as it always does inside a captured CUDA graph.
+        sm_margin: CUDA: SMs to leave to kernels running beside the call; the automatic split-KV plan spreads
+            its CTAs over the device's SMs less this many (as in flash_attn_func).
 
     Returns:
         out (B, Sq, Hq, Dv) of q's type, dtype and device, or (out, lse) with return_lse.
@@ -158,7 +163,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlen
     argument is rotary_cos, which FlashTile does not take).
     """
     call = make_call(softmax_scale, causal, window_size, softcap, num_splits, max_seqlen_k, backend, strict,
-                     num_threads, async_index_check)
+                     num_threads, async_index_check, sm_margin)
     if torch is not None and isinstance(q, torch.Tensor):
         out, lse = _torch_kv.forward(q, k_cache, v_cache, k, v, cache_seqlens, block_table, cache_batch_idx,
                                      alibi_slopes, sinks, call, return_lse)
@@ -173,12 +178,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlen
 def explain_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=None, block_table=None,
                     cache_batch_idx=None, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                     alibi_slopes=None, sinks=None, num_splits=0, backend="auto", strict=False, num_threads=0,
-                    max_seqlen_k=0, async_index_check=False):
+                    max_seqlen_k=0, async_index_check=False, sm_margin=0):
     """The DispatchReport of the kernel flash_attn_with_kvcache would run for these arguments (backend, split-KV
     count and why, report.ran.splits), with every refused backend's reasons; writes nothing, not even the append.
     Bad arguments raise the same errors as the real call."""
     call = make_call(softmax_scale, causal, window_size, softcap, num_splits, max_seqlen_k, backend, strict,
-                     num_threads, async_index_check)
+                     num_threads, async_index_check, sm_margin)
     if torch is not None and isinstance(q, torch.Tensor):
         return _torch_kv.explain(q, k_cache, v_cache, k, v, cache_seqlens, block_table, cache_batch_idx,
                                  alibi_slopes, sinks, call)

@@ -40,9 +40,9 @@ def _run(q, k_cache, v_cache, k, v, cache_seqlens, block_table, cache_batch_idx,
 
 def _op_body(q, k_cache, v_cache, k, v, cache_seqlens, block_table, cache_batch_idx, alibi_slopes, sinks,
              softmax_scale, causal, window_left, window_right, softcap, num_splits, max_seqlen_k, backend, strict,
-             num_threads, async_index_check, want_lse):
+             num_threads, async_index_check, sm_margin, want_lse):
     call = kv.KVCall(softmax_scale, causal, window_left, window_right, softcap, num_splits, max_seqlen_k, backend,
-                     strict, num_threads, async_index_check)
+                     strict, num_threads, async_index_check, sm_margin)
     out, lse = _run(q, k_cache, v_cache, k, v, cache_seqlens, block_table, cache_batch_idx, alibi_slopes, sinks,
                     call, want_lse)
     return out, (lse if lse is not None else q.new_empty(0, dtype=torch.float32))
@@ -62,11 +62,11 @@ def kvcache_append(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tens
                    alibi_slopes: Optional[Tensor], sinks: Optional[Tensor], softmax_scale: Optional[float],
                    causal: bool, window_left: int, window_right: int, softcap: float, num_splits: int,
                    max_seqlen_k: int, backend: str, strict: bool, num_threads: int, async_index_check: bool,
-                   want_lse: bool) -> Tuple[Tensor, Tensor]:
+                   sm_margin: int, want_lse: bool) -> Tuple[Tensor, Tensor]:
     """out [B, Sq, Hq, Dv] and lse [B, Hq, Sq] (float32) after appending k, v to the caches in place."""
     return _op_body(q, k_cache, v_cache, k, v, cache_seqlens, block_table, cache_batch_idx, alibi_slopes, sinks,
                     softmax_scale, causal, window_left, window_right, softcap, num_splits, max_seqlen_k, backend,
-                    strict, num_threads, async_index_check, want_lse)
+                    strict, num_threads, async_index_check, sm_margin, want_lse)
 
 
 @torch.library.custom_op("flashtile::kvcache", mutates_args=())
@@ -75,11 +75,11 @@ def kvcache_read(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor
                  alibi_slopes: Optional[Tensor], sinks: Optional[Tensor], softmax_scale: Optional[float],
                  causal: bool, window_left: int, window_right: int, softcap: float, num_splits: int,
                  max_seqlen_k: int, backend: str, strict: bool, num_threads: int, async_index_check: bool,
-                 want_lse: bool) -> Tuple[Tensor, Tensor]:
+                 sm_margin: int, want_lse: bool) -> Tuple[Tensor, Tensor]:
     """out and lse of the cache as it is (k and v are None here)."""
     return _op_body(q, k_cache, v_cache, k, v, cache_seqlens, block_table, cache_batch_idx, alibi_slopes, sinks,
                     softmax_scale, causal, window_left, window_right, softcap, num_splits, max_seqlen_k, backend,
-                    strict, num_threads, async_index_check, want_lse)
+                    strict, num_threads, async_index_check, sm_margin, want_lse)
 
 
 kvcache_append.register_fake(_fake)

@@ -6,6 +6,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <climits>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
@@ -54,14 +55,24 @@ Options make_options(std::optional<double> softmax_scale, bool causal, const std
 
 bool given(nb::handle h) { return h.is_valid() && !h.is_none(); }
 
-// The variants' arguments as the Python layer passes them: None (none of them), or the tuple
-// (window_left, window_right, softcap, alibi_slopes, sinks, dsinks, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-// max_seqlen_k), tensors None when absent. `view(handle, name, writable)` turns a tensor into a TensorView.
+// An int option from Python (any size there): the library checks its value; one beyond an int is refused here.
+int int_option(const char* name, nb::handle h) {
+  const auto x = nb::cast<std::int64_t>(h);
+  if (x < INT_MIN || x > INT_MAX)
+    throw InvalidArgument(std::string(name) + ": must fit an int, got " + std::to_string(x));
+  return static_cast<int>(x);
+}
+
+// The variants' arguments as the Python layer passes them (_common.py Call.variants): None (none of them), or the
+// tuple (window_left, window_right, softcap, alibi_slopes, sinks, dsinks, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+// max_seqlen_k, sm_margin), tensors None when absent. `view(handle, name, writable)` turns a tensor into a
+// TensorView.
 template <class View>
 void apply_variants(Options& o, nb::handle variants, View&& view) {
   if (!given(variants)) return;
   const auto t = nb::borrow<nb::tuple>(variants);
-  if (t.size() != 10) throw nb::value_error("variants: expected a tuple of 10 entries");
+  if (t.size() != 11) throw nb::value_error("variants: expected a tuple of 11 entries");
+  o.sm_margin = int_option("sm_margin", t[10]);
   o.window_size = {nb::cast<std::int64_t>(t[0]), nb::cast<std::int64_t>(t[1])};
   o.softcap = static_cast<float>(nb::cast<double>(t[2]));
   if (given(t[3])) o.alibi_slopes = view(t[3], "alibi_slopes", false);
@@ -103,7 +114,7 @@ DispatchReport forward(nb::handle q, nb::handle k, nb::handle v, nb::handle out,
 // forward_kvcache (include/flashtile/kvcache.h) for both paths: `torch` reads every tensor through torch_view
 // (and runs on `stream`), otherwise through DLPack (numpy), where the caches must be writable only when k_new /
 // v_new append to them. `variants`: (window_left, window_right, softcap, alibi_slopes, sinks, max_seqlen_k,
-// async_index_check).
+// async_index_check, sm_margin).
 DispatchReport forward_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle k_new,
                                nb::handle v_new, nb::handle cache_seqlens, nb::handle block_table,
                                nb::handle cache_batch_idx, nb::handle out, nb::handle lse, int num_splits,
@@ -130,13 +141,14 @@ DispatchReport forward_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_ca
   c.num_splits = num_splits;
   const TensorView to = view(out, "out", true, true), tl = view(lse, "lse", true, false);
   Options o = make_options(softmax_scale, causal, backend, strict, false, num_threads);
-  if (variants.size() != 7) throw nb::value_error("variants: expected a tuple of 7 entries");
+  if (variants.size() != 8) throw nb::value_error("variants: expected a tuple of 8 entries");
   o.window_size = {nb::cast<std::int64_t>(variants[0]), nb::cast<std::int64_t>(variants[1])};
   o.softcap = static_cast<float>(nb::cast<double>(variants[2]));
   o.alibi_slopes = view(variants[3], "alibi_slopes", false, false);
   o.sinks = view(variants[4], "sinks", false, false);
   o.max_seqlen_k = nb::cast<std::int64_t>(variants[5]);
   c.async_index_check = nb::cast<bool>(variants[6]);
+  o.sm_margin = int_option("sm_margin", variants[7]);
   if (torch) {
     o.cuda_stream = reinterpret_cast<void*>(stream);
     o.device_pointers_checked = true;  // torch tensors: data_ptr is memory of the device they report

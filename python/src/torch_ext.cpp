@@ -19,6 +19,7 @@
 #include <torch/library.h>
 
 #include <array>
+#include <climits>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -107,6 +108,7 @@ struct Call {
   std::string backend;
   bool strict = false;
   bool deterministic = false;
+  std::int64_t sm_margin = 0;
 
   bool varlen() const { return cu_seqlens_q.defined(); }
 };
@@ -127,6 +129,8 @@ Options options(const Call& c, const at::Tensor& q) {
   o.backend = c.backend;
   o.strict = c.strict;
   o.deterministic = c.deterministic;
+  if (c.sm_margin < INT_MIN || c.sm_margin > INT_MAX) fallback("sm_margin beyond an int");  // the _core path names it
+  o.sm_margin = static_cast<int>(c.sm_margin);
   o.cuda_stream = current_stream(q);
   o.device_pointers_checked = true;  // torch tensors: data_ptr is memory of the device they report
   if (c.alibi_slopes.defined()) o.alibi_slopes = view(c.alibi_slopes);
@@ -225,6 +229,7 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     ctx->saved_data["backend"] = c.backend;
     ctx->saved_data["strict"] = c.strict;
     ctx->saved_data["deterministic"] = c.deterministic;
+    ctx->saved_data["sm_margin"] = c.sm_margin;
     // The library's backward takes no gradient for lse: a loss that used it must not get a silently wrong
     // gradient, so lse is a constant for autograd, and no zero gradient is materialised for it.
     ctx->mark_non_differentiable({lse});
@@ -252,6 +257,7 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     c.backend = ctx->saved_data["backend"].toStringRef();
     c.strict = ctx->saved_data["strict"].toBool();
     c.deterministic = ctx->saved_data["deterministic"].toBool();
+    c.sm_margin = ctx->saved_data["sm_margin"].toInt();
     TensorList g = run_backward(s[0], s[1], s[2], s[3], dout, s[4], c);
     return {g[0], g[1], g[2], at::Tensor(), at::Tensor(), at::Tensor(), g[3], at::Tensor()};
   }
@@ -263,7 +269,7 @@ Call make_call(const std::optional<at::Tensor>& cu_seqlens_q, const std::optiona
                std::int64_t max_seqlen_q, std::int64_t max_seqlen_k, const std::optional<at::Tensor>& alibi_slopes,
                const std::optional<at::Tensor>& sinks, std::optional<double> softmax_scale, bool causal,
                std::int64_t window_left, std::int64_t window_right, double softcap, std::string backend,
-               bool strict, bool deterministic) {
+               bool strict, bool deterministic, std::int64_t sm_margin) {
   Call c;
   c.cu_seqlens_q = or_undefined(cu_seqlens_q);
   c.cu_seqlens_k = or_undefined(cu_seqlens_k);
@@ -279,6 +285,7 @@ Call make_call(const std::optional<at::Tensor>& cu_seqlens_q, const std::optiona
   c.backend = std::move(backend);
   c.strict = strict;
   c.deterministic = deterministic;
+  c.sm_margin = sm_margin;
   return c;
 }
 
@@ -287,10 +294,10 @@ Call make_call(const std::optional<at::Tensor>& cu_seqlens_q, const std::optiona
       const std::optional<at::Tensor>&cu_seqlens_k, std::int64_t max_seqlen_q, std::int64_t max_seqlen_k,      \
       const std::optional<at::Tensor>&alibi_slopes, const std::optional<at::Tensor>&sinks,                    \
       std::optional<double> softmax_scale, bool causal, std::int64_t window_left, std::int64_t window_right,   \
-      double softcap, std::string backend, bool strict, bool deterministic
+      double softcap, std::string backend, bool strict, bool deterministic, std::int64_t sm_margin
 #define FT_CALL_ARGS                                                                                          \
   cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, sinks, softmax_scale, causal,         \
-      window_left, window_right, softcap, std::move(backend), strict, deterministic
+      window_left, window_right, softcap, std::move(backend), strict, deterministic, sm_margin
 
 std::tuple<at::Tensor, at::Tensor> attention_autograd(FT_ATTENTION_PARAMS) {
   const Call c = make_call(FT_CALL_ARGS);
@@ -315,8 +322,8 @@ TORCH_LIBRARY(flashtile_ext, m) {
   m.def(
       "attention(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, "
       "int max_seqlen_k, Tensor? alibi_slopes, Tensor? sinks, float? softmax_scale, bool causal, "
-      "int window_left, int window_right, float softcap, str backend, bool strict, bool deterministic) "
-      "-> (Tensor, Tensor)");
+      "int window_left, int window_right, float softcap, str backend, bool strict, bool deterministic, "
+      "int sm_margin) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(flashtile_ext, Autograd, m) {

@@ -106,6 +106,7 @@ struct AttnParams {
 
   bool deterministic = false;
   int num_threads = 0;
+  int sm_margin = 0;  // Options::sm_margin
 
   bool is_backward() const noexcept { return backward; }
   bool is_varlen() const noexcept { return cu_seqlens_q != nullptr; }

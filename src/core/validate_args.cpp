@@ -241,6 +241,7 @@ void check_options(Checked& c, const Options& o, const TensorView& q) {
   if (!std::isfinite(scale))
     fail<InvalidArgument>("softmax_scale: must be finite, got ", scale);
   if (o.num_threads < 0) fail<InvalidArgument>("num_threads: must be >= 0, got ", o.num_threads);
+  if (o.sm_margin < 0) fail<InvalidArgument>("sm_margin: must be >= 0, got ", o.sm_margin);
   p.softmax_scale = scale;
   p.causal = o.causal;
   check_window(o, p);
@@ -249,6 +250,7 @@ void check_options(Checked& c, const Options& o, const TensorView& q) {
   check_sinks(c, o, q);
   p.deterministic = o.deterministic;
   p.num_threads = o.num_threads;
+  p.sm_margin = o.sm_margin;
   p.cuda_stream = o.cuda_stream;
   if (o.workspace_bytes > 0 && o.workspace == nullptr)
     fail<InvalidArgument>("workspace: null pointer with workspace_bytes = ", o.workspace_bytes);

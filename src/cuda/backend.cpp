@@ -102,6 +102,7 @@ class CudaSm80 final : public Backend {
         << " smem=" << sm80::bwd_smem_bytes(bucket, large) << "B dq=fp32 reductions"
         << (p.deterministic ? " (deterministic: ordered by key block)" : "");
     }
+    d << cuda::sm_margin_note(p);
     // The variant: which key tiles are visited (mask policy) and what happens to the scores (hook).
     d << " variant=" << cuda::kind_name(kind) << " (tiles: "
       << (kind == Kind::plain ? "every key tile" : "key_tiles/query_tiles of the mask policy") << ")";

@@ -133,12 +133,15 @@ class CudaSm90 final : public Backend {
       d << "hdim_bucket=" << bucket << " warpgroups=1 producer (TMA) + " << consumers
         << " consumers (wgmma, 64 rows each) registers=" << sm90::kProducerRegs << "/"
         << sm90::consumer_regs(consumers) << " stages=" << t.stages
-        << " (K and V rings, mbarrier pipeline) scheduler=persistent, one CTA per SM, static snake waves, "
-        << (kind == Kind::plain ? "blocks fastest" : "longest first");
+        << " (K and V rings, mbarrier pipeline) scheduler=persistent, one CTA per SM";
+      if (p.sm_margin > 0)
+        d << " on " << cuda::call_sms(p) << " of " << cuda::sm_count(p.device_index) << " SMs (sm_margin "
+          << p.sm_margin << ")";
+      d << ", static snake waves, " << (kind == Kind::plain ? "blocks fastest" : "longest first");
       if (kind != Kind::plain) {  // the launcher's scheduler, built from the same sizes
         const auto s = cuda::StaticTileScheduler::make(static_cast<int>((p.seqlen_q + k.block_q - 1) / k.block_q),
                                                        static_cast<int>(p.heads_q), static_cast<int>(p.batch), true,
-                                                       cuda::sm_count(p.device_index));
+                                                       cuda::call_sms(p));
         if (s.section > 0) d << " in L2 sections of " << s.section << " (head, sequence) pairs";
       }
       d
@@ -161,7 +164,7 @@ class CudaSm90 final : public Backend {
       else
         d << "(64 keys each; S^T, dP^T, dV, dK, dQ on wgmma) registers=" << sm90::kProducerRegs
           << "/240 stages=2 dq=fp32 bulk reductions by a writer warp";
-      d << (p.deterministic ? " in key-block order (deterministic)" : "");
+      d << (p.deterministic ? " in key-block order (deterministic)" : "") << cuda::sm_margin_note(p);
     }
     d << " variant=" << cuda::kind_name(kind) << " (tiles: "
       << (kind == Kind::plain ? "every key tile" : "the mask policy's") << ") dtype=" << dtype_name(p.dtype)

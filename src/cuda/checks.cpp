@@ -110,6 +110,9 @@ const Gpu* check_common(const AttnParams& p, const char* backend, Reasons& why) 
                   "takes 64-row tiles: 4x to 64x the products for the same K and V bytes)");
     return nullptr;
   }
+  if (p.sm_margin >= gpu->sms)
+    why.push_back("sm_margin = " + std::to_string(p.sm_margin) + " leaves none of cuda:" +
+                  std::to_string(p.device_index) + "'s " + std::to_string(gpu->sms) + " SMs");
   if (!p.device_pointers_checked) cuda::check_device_pointers(p, why);
   if (p.dtype == DType::float32)
     why.push_back("dtype float32 is not supported (float16 and bfloat16 only; cpu-flash runs float32)");

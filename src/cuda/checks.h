@@ -18,6 +18,13 @@ const Gpu* check_common(const detail::AttnParams& p, const char* backend, detail
 // too, since a wgmma tile is 64 rows (4x to 64x the products for the same K and V bytes); cuda-sm90 hands it over.
 bool kvcache_runs_on_sm80(const detail::AttnParams& p);
 
+// The report's note on Options::sm_margin for a kernel launched with a CTA per tile (every kernel but cuda-sm90's
+// persistent forward and the split-KV plan): empty without a margin.
+inline const char* sm_margin_note(const detail::AttnParams& p) {
+  return p.sm_margin > 0 ? " sm_margin: no effect here (a CTA per tile, which the hardware places on the free SMs)"
+                         : "";
+}
+
 // The backward's workspace (common/params.h, BwdParams): dq_accum [slots, bucket] fp32, dsum and lse_log2
 // [slots], sink_terms [slots] with sinks, and with deterministic one counter per block of slots; each part
 // 256-byte aligned. Slots: batch mode [B, Hq, Sq_pad]; varlen [Hq, (total_q + block_m * B) rounded down to

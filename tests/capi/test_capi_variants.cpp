@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -210,11 +211,20 @@ TEST(CApiVariants, StructSizeRule) {
   CCall call(p);
   ASSERT_EQ(call.forward(), FT_OK) << call.msg;
   const std::vector<double> want = p.out->to_double();
-  for (std::uint64_t small : {std::uint64_t{0}, std::uint64_t{8}, std::uint64_t{sizeof(ft_variants) - 8}}) {
+  constexpr std::uint64_t kVersion1 = offsetof(ft_variants, sm_margin);  // the first header's sizeof(ft_variants)
+  for (std::uint64_t small : {std::uint64_t{0}, std::uint64_t{8}, kVersion1 - 8}) {
     poison(p);
     ft_variants x = call.var;
     x.struct_size = small;
     expect_refused(call, call.forward(&x), "variants", "got " + std::to_string(small));
+  }
+  {  // a caller of the first version: sm_margin lies past its struct and is never read (-1 would be refused)
+    ft_variants x = call.var;
+    x.struct_size = kVersion1;
+    x.sm_margin = -1;
+    poison(p);
+    ASSERT_EQ(call.forward(&x), FT_OK) << call.msg;
+    EXPECT_EQ(p.out->to_double(), want);
   }
   struct Newer {
     ft_variants v;
@@ -273,6 +283,8 @@ TEST(CApiVariants, BadVariantArgumentsAreRefused) {
       {"seqused_k", "seqused_k[2] = 99", [&](ft_variants& x) { x.seqused_k = &fu; }},
       {"max_seqlen_q", "69 is smaller than sequence 2's length 70", [](ft_variants& x) { x.max_seqlen_q = 69; }},
       {"max_seqlen_k", "got -1", [](ft_variants& x) { x.max_seqlen_k = -1; }},
+      {"sm_margin", "got -1", [](ft_variants& x) { x.sm_margin = -1; }},
+      {"sm_margin", "got 4294967296", [](ft_variants& x) { x.sm_margin = std::int64_t{1} << 32; }},
   };
   for (const Bad& b : bad) {
     SCOPED_TRACE(std::string(b.arg) + " " + b.value);

@@ -445,6 +445,33 @@ TEST(GpuKvCacheEdge, NaNAndInfReachExactlyTheRowsThatSeeThem) {
     }
 }
 
+// Options::sm_margin: the automatic split plan spreads the CTAs over the SMs the call may use, says so, and the
+// result still matches the oracle.
+TEST(GpuKvCacheSplits, SmMarginShrinksTheAutomaticPlan) {
+  FT_REQUIRE_GPU();
+  KvCase kc = paged_case({3000, 2000, 4000}, 64, 1);
+  auto rng = ft_test::test_rng();
+  VarProblem p(kc.v, rng);
+  Cache cache = ft_test::build_cache(kc, p, rng);
+  const DevCall d(p, cache);
+  if (const std::string why = d.not_built(0, d.options(p)); !why.empty()) GTEST_SKIP() << why;
+  int dev = 0, sms = 0;
+  FT_CUDA_OK(cudaGetDevice(&dev));
+  FT_CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  ASSERT_GT(sms, 8);
+  const auto full = d.explain(0, d.options(p));
+  flashtile::Options o = d.options(p);
+  o.sm_margin = sms - 8;
+  const auto report = d.run(0, o);
+  FT_CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_NE(report.ran.detail.find("on 8 SMs (the device's less sm_margin = " + std::to_string(sms - 8) + ")"),
+            std::string::npos) << report.to_string();
+  EXPECT_LT(report.ran.splits, full.ran.splits) << report.to_string() << "\n" << full.to_string();
+  d.download(p, cache);
+  ft_test::expect_var_close(p, ft_test::var_oracle(p, false), ft_test::var_standard(p, false), false);
+  EXPECT_TRUE(ft_test::same_contents(cache.k->to_double(), cache.k_after)) << "k_cache";
+}
+
 TEST(GpuKvCacheDispatch, Sm90TakesTheTallTilesOnly) {
   FT_REQUIRE_GPU();
   for (const std::int64_t sq : {1, 16}) {  // GQA 4: 4 and 64 packed rows

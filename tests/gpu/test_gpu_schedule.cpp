@@ -5,6 +5,7 @@
 // the plain length order). A tile dealt twice or never would show as a difference or as the NaN poison.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -80,6 +81,67 @@ TEST_P(GpuSchedule, BatchedCausalForwardEqualsOneCallPerSequence) {
 
 INSTANTIATE_TEST_SUITE_P(Hdims, GpuSchedule, ::testing::Values(128, 256),
                          [](const ::testing::TestParamInfo<std::int64_t>& i) { return std::to_string(i.param); });
+
+// Options::sm_margin: cuda-sm90's persistent forward on fewer SMs deals the same tiles to fewer CTAs (here 5: each
+// walks ~20 tiles, where the full grid gives most one or two), so its O and LSE are bitwise those of the full grid,
+// and the report says how many SMs it took. cuda-sm80 launches a CTA per tile and says the margin changes nothing
+// there. A margin of every SM is refused, naming the argument and the SM count.
+TEST(GpuSmMargin, ForwardOnFewerSmsEqualsTheFullGrid) {
+  FT_REQUIRE_GPU();
+  Case c;
+  c.b = 12;
+  c.sq = c.sk = 384;
+  c.hq = 8;
+  c.hkv = 2;
+  c.d = c.dv = 128;
+  c.dtype = DType::bfloat16;
+  c.causal = true;
+  auto rng = ft_test::test_rng();
+  ft_test::Problem p(c, rng);
+  DevProblem d(p);
+  const std::string why = refusal(d, c);
+  if (!why.empty()) GTEST_SKIP() << why;
+  int dev = 0, sms = 0;
+  FT_CUDA_OK(cudaGetDevice(&dev));
+  FT_CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  ASSERT_GT(sms, 5);
+  std::vector<double> want_out, want_lse;
+  for (int margin : {0, sms / 2, sms - 5}) {
+    SCOPED_TRACE("sm_margin " + std::to_string(margin));
+    DevTensor out(DevProblem::poisoned(p.out)), lse(DevProblem::poisoned(p.lse));
+    flashtile::Options o = cuda_options(c);
+    o.sm_margin = margin;
+    const flashtile::DispatchReport r =
+        flashtile::forward(d.q.view(), d.k.view(), d.v.view(), out.view(), lse.view(), o);
+    FT_CUDA_OK(cudaDeviceSynchronize());
+    const std::string text = r.to_string();
+    if (margin > 0) {
+      const std::string said = gpu_backend() == "cuda-sm90"
+                                   ? "on " + std::to_string(sms - margin) + " of " + std::to_string(sms) + " SMs"
+                                   : "sm_margin: no effect";
+      EXPECT_NE(text.find(said), std::string::npos) << text;
+    }
+    out.download(p.out);
+    lse.download(p.lse);
+    const std::vector<double> got_out = p.out.to_double(), got_lse = p.lse.to_double();
+    EXPECT_EQ(std::count_if(got_out.begin(), got_out.end(), [](double x) { return std::isnan(x); }), 0);
+    if (margin == 0) {
+      want_out = got_out;
+      want_lse = got_lse;
+      continue;
+    }
+    EXPECT_EQ(std::memcmp(got_out.data(), want_out.data(), got_out.size() * sizeof(double)), 0);
+    EXPECT_EQ(std::memcmp(got_lse.data(), want_lse.data(), got_lse.size() * sizeof(double)), 0);
+  }
+  flashtile::Options all = cuda_options(c);
+  all.sm_margin = sms;
+  try {
+    flashtile::forward(d.q.view(), d.k.view(), d.v.view(), d.out.view(), d.lse.view(), all);
+    ADD_FAILURE() << "sm_margin = every SM was not refused";
+  } catch (const flashtile::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sm_margin = " + std::to_string(sms)), std::string::npos) << e.what();
+  }
+}
 
 }  // namespace
 }  // namespace ft_gpu

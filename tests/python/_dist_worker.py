@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 import flashtile
 import flashtile.distributed as ftd
+from flashtile.distributed import _ring
 from flashtile.distributed._plan import segments
 from test_variants import EPS32, reference
 
@@ -20,7 +21,7 @@ WORLD = 4
 MASKS = {"full": dict(), "causal": dict(causal=True), "window": dict(window_size=(5, 3)),
          "causal_window_softcap": dict(causal=True, window_size=(16, -1), softcap=3.0)}
 ERRORS = ("zigzag_uneven", "all_to_all_heads", "device", "dtype_one_rank", "options_differ", "layout_name",
-          "kv_rows")
+          "kv_rows", "sm_margin_one_rank", "step_raises")
 
 
 def _cases():
@@ -185,7 +186,9 @@ _WANT = {"zigzag_uneven": (flashtile.InvalidArgumentError, "same even number of 
          "dtype_one_rank": (flashtile.DTypeError, "rank 1 of"),
          "options_differ": (flashtile.InvalidArgumentError, "causal differs between ranks"),
          "layout_name": (flashtile.InvalidArgumentError, "layout: expected one of"),
-         "kv_rows": (flashtile.InvalidArgumentError, "rank 1 of .*k, v: the local shard")}
+         "kv_rows": (flashtile.InvalidArgumentError, "rank 1 of .*k, v: the local shard"),
+         "sm_margin_one_rank": (flashtile.InvalidArgumentError, "rank 1 of .*sm_margin: must be >= 0, got -1"),
+         "step_raises": (RuntimeError, "injected: a step's attention failed")}
 
 
 def _error(case, gen, group, rank):
@@ -209,12 +212,24 @@ def _error(case, gen, group, rank):
         kw["layout"] = "stripes"
     if err == "kv_rows" and rank == 1:
         k = q[:, :8]
+    if err == "sm_margin_one_rank" and rank == 1:
+        kw["sm_margin"] = -1
+    if err == "step_raises":  # every rank's first block call fails with its K/V transfer in flight
+        kw["strategy"] = "ring"
+        saved = _ring.flash_attn_func
+
+        def fail(*_args, **_kw):
+            raise RuntimeError("injected: a step's attention failed")
+        _ring.flash_attn_func = fail
     cls, pattern = _WANT[err]
     raised = None
     try:
         ftd.ring_flash_attn_func(q, k, k, **kw)
     except Exception as e:  # noqa: BLE001 (checked below, after the collective call that follows)
-        raised = e
+        raised = e.with_traceback(None)  # the failed call's frames go now, as in a caller that handles the error
+    finally:
+        if err == "step_raises":
+            _ring.flash_attn_func = saved
     good = _randn(gen, 1, 16, 4, 16)
     ftd.ring_flash_attn_func(good, good, good, group=group, causal=True, strategy="ring")
     assert isinstance(raised, cls), f"expected {cls.__name__}, got {type(raised).__name__}: {raised}"

@@ -106,6 +106,28 @@ def test_bad_options(qkv):
         flashtile.flash_attn_func(q, k, v, 0.0)  # flash_attn's 4th positional is dropout_p: keyword-only here
 
 
+def test_sm_margin(qkv):
+    """sm_margin (a CUDA option): a bad value is refused naming it on every door; on the CPU a good one changes
+    nothing."""
+    q, k, v = qkv
+    with pytest.raises(ValueError, match=r"^sm_margin: must be >= 0, got -1"):
+        call(q, k, v, sm_margin=-1)
+    with pytest.raises(ValueError, match=r"^sm_margin: expected an int .*got float 2.0"):
+        call(q, k, v, sm_margin=2.0)
+    with pytest.raises(ValueError, match=r"^sm_margin: must fit an int, got 4294967296"):
+        call(q, k, v, sm_margin=1 << 32)
+    out, lse = call(q, k, v, return_lse=True)
+    out2, lse2 = call(q, k, v, return_lse=True, sm_margin=3)
+    assert np.array_equal(out, out2) and np.array_equal(lse, lse2)
+    dq, dk, dv = flashtile.flash_attn_backward(q, k, v, out, out, lse)
+    g = flashtile.flash_attn_backward(q, k, v, out, out, lse, sm_margin=3)
+    assert all(np.array_equal(a, b) for a, b in zip((dq, dk, dv), g))
+    with pytest.raises(ValueError, match=r"^sm_margin: must be >= 0, got -2"):
+        flashtile.flash_attn_backward(q, k, v, out, out, lse, sm_margin=-2)
+    with pytest.raises(ValueError, match=r"^sm_margin: must be >= 0, got -4"):
+        flashtile.explain(q, k, v, sm_margin=-4)
+
+
 def test_backward_bad_inputs(qkv):
     q, k, v = qkv
     out, lse = call(q, k, v, return_lse=True)

@@ -216,11 +216,12 @@ def test_automatic_splits_on_a_long_cache(rng):
     case.check(out, lse)
 
 
-def test_async_index_check_changes_nothing_on_the_cpu(rng):
-    # A CUDA option (do not wait for the device-side index check); the CPU reads the indices on the host anyway.
+def test_cuda_options_change_nothing_on_the_cpu(rng):
+    # CUDA options: async_index_check (do not wait for the device-side index check; the CPU reads the indices on
+    # the host anyway) and sm_margin (SMs left free; the CPU ignores it).
     case = Case(rng, "float32", sq=2, snew=2, page=16, seqlens=[10, 59, 20])
     out, lse = flashtile.flash_attn_with_kvcache(case.q, case.k_cache, case.v_cache, **case.kwargs(),
-                                                 return_lse=True, async_index_check=True)
+                                                 return_lse=True, async_index_check=True, sm_margin=7)
     case.check(out, lse)
 
 
@@ -285,6 +286,7 @@ def _bad_inputs(case):
         table_out[-1, 0] = case.k_cache.shape[0]
     yield "seqlens_over", dict(cache_seqlens=seqlens_over), flashtile.InvalidArgumentError, r"^cache_seqlens: "
     yield "seqlens_negative", dict(cache_seqlens=np.full(b, -1, np.int32)), ValueError, r"^cache_seqlens: .* negative"
+    yield "sm_margin", dict(sm_margin=-1), flashtile.InvalidArgumentError, r"^sm_margin: must be >= 0, got -1"
     yield "k_without_v", dict(v=None), flashtile.InvalidArgumentError, r"^v: required with k"
     yield "v_without_k", dict(k=None), flashtile.InvalidArgumentError, r"^k: required with v"
     yield "k_dtype", dict(k=case.k.astype(np.float16)), flashtile.DTypeError, r"^k: dtype float16 does not match"

@@ -167,7 +167,8 @@ def test_opcheck(rng):
     q, k, v = (randn(rng, (1, 9, 2, 16), "float32", True) for _ in range(3))
     sinks = randn(rng, (2,), "float32", True)
     alibi = torch.tensor([0.5, 0.25])
-    for call in (Call(causal=True), Call(alibi_slopes=alibi, sinks=sinks, window_left=3, window_right=1, softcap=5.0)):
+    for call in (Call(causal=True), Call(alibi_slopes=alibi, sinks=sinks, window_left=3, window_right=1, softcap=5.0),
+                 Call(sm_margin=2)):
         torch.library.opcheck(torch.ops.flashtile.fwd.default, (q, k, v, *call))
         call = call._replace(sinks=None if call.sinks is None else call.sinks.detach())  # bwd has no gradient
         out, lse = torch.ops.flashtile.fwd(q.detach(), k.detach(), v.detach(), *call)
@@ -237,6 +238,18 @@ def test_torch_errors(rng):
         flashtile.flash_attn_func(q, k.numpy(), v)
     with pytest.raises(ValueError, match=r"^softmax_scale: must be finite"):
         flashtile.flash_attn_func(q, k, v, softmax_scale=float("nan"))
+    with pytest.raises(ValueError, match=r"^sm_margin: must be >= 0, got -1"):
+        flashtile.flash_attn_func(q, k, v, sm_margin=-1)
+    with pytest.raises(ValueError, match=r"^sm_margin: must fit an int, got 4294967296"):
+        flashtile.flash_attn_func(q, k, v, sm_margin=1 << 32)
+    # On the CPU a valid margin changes nothing, through autograd too.
+    qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
+    a = flashtile.flash_attn_func(qg, kg, vg, causal=True)
+    a.sum().backward()
+    qm, km, vm = (x.clone().requires_grad_() for x in (q, k, v))
+    b = flashtile.flash_attn_func(qm, km, vm, causal=True, sm_margin=4)
+    b.sum().backward()
+    assert torch.equal(a, b) and torch.equal(qg.grad, qm.grad) and torch.equal(vg.grad, vm.grad)
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")

@@ -60,10 +60,11 @@ class _RingAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None
 
 
-def _run(q, k, v, group, causal, softmax_scale, window_size, softcap, layout, strategy, varlen, cu_seqlens):
+def _run(q, k, v, group, causal, softmax_scale, window_size, softcap, layout, strategy, varlen, cu_seqlens,
+         sm_margin):
     global _last
     opts = dict(causal=bool(causal), softmax_scale=softmax_scale, window_size=tuple(window_size),
-                softcap=float(softcap))
+                softcap=float(softcap), sm_margin=sm_margin)
     world, rank, lengths = validate(q, k, v, group, layout, strategy, opts, varlen, cu_seqlens)
     chosen, reason = choose(strategy, world, q.shape[-2], k.shape[-2])
     if varlen:  # (T, H, D) -> (1, T, H, D): one code path, the sequences told apart by the segments
@@ -75,11 +76,12 @@ def _run(q, k, v, group, causal, softmax_scale, window_size, softcap, layout, st
         kw = dict(softmax_scale=scale, causal=opts["causal"], window_size=opts["window_size"], softcap=opts["softcap"])
         out, lse = _ulysses.attention(q, k, v, group, world, rank, lengths, layout, varlen, kw)
     else:
-        ring = _ring.Ring(group, world, rank, lengths, layout, opts["causal"], opts["window_size"])
+        ring = _ring.Ring(group, world, rank, lengths, layout, opts["causal"], opts["window_size"], sm_margin)
         out, lse = _RingAttention.apply(q, k, v, ring, scale, opts["softcap"])
         report.steps_computed = sum(1 for _, blocks in ring.steps if blocks)
         report.steps_skipped = world - report.steps_computed
         report.calls = sum(len(blocks) for _, blocks in ring.steps)
+        report.sm_margin = sm_margin
     _last = report
     if varlen:
         out, lse = out[0], lse[0]
@@ -87,7 +89,7 @@ def _run(q, k, v, group, causal, softmax_scale, window_size, softcap, layout, st
 
 
 def ring_flash_attn_func(q, k, v, group=None, causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0,
-                         return_lse=False, layout="zigzag", strategy="auto"):
+                         return_lse=False, layout="zigzag", strategy="auto", sm_margin=0):
     """flashtile.flash_attn_func over a sequence sharded across the ranks of `group` (default: the world).
 
     Args:
@@ -101,26 +103,31 @@ def ring_flash_attn_func(q, k, v, group=None, causal=False, softmax_scale=None, 
         strategy: "ring", "all_to_all" (Hq and Hkv multiples of the world size) or "auto"; last_report() says
             which ran and why.
         return_lse: also return lse (B, Hq, S_local) float32 over the whole sequence.
+        sm_margin: CUDA, ring only: SMs the attention of a step leaves to the NCCL kernels while a transfer is in
+            flight (flashtile.flash_attn_func's sm_margin): cuda-sm90's persistent forward otherwise waits for SMs
+            that a transfer holds (bench/results/h200x2-cp.md). 0 = all SMs.
 
     Returns out (B, S_local, Hq, Dv) for this rank's rows (and lse), differentiable in q, k, v. Every rank of the
     group must make the call (it is collective), also in the backward.
     """
-    out, lse = _run(q, k, v, group, causal, softmax_scale, window_size, softcap, layout, strategy, False, None)
+    out, lse = _run(q, k, v, group, causal, softmax_scale, window_size, softcap, layout, strategy, False, None,
+                    sm_margin)
     return (out, lse) if return_lse else out
 
 
 def ring_flash_attn_varlen_func(q, k, v, cu_seqlens, group=None, causal=False, softmax_scale=None,
                                 window_size=(-1, -1), softcap=0.0, return_lse=False, layout="zigzag",
-                                strategy="auto"):
+                                strategy="auto", sm_margin=0):
     """ring_flash_attn_func for a packed batch of sequences, each sharded across the ranks.
 
     q (T_local, Hq, D), k, v (T_local, Hkv, D / Dv); cu_seqlens (B + 1) int32: THIS rank's rows of each sequence,
     sequence b at local rows cu_seqlens[b] .. cu_seqlens[b+1]-1. Sequence b of the batch is rank 0's rows of it,
     then rank 1's, ... (layout="contiguous", any lengths, 0 allowed), or, with layout="zigzag", chunks r and
     2*world-1-r of it on rank r (every rank the same even count; see shard_varlen()). Every rank has the same B.
-    Returns out (T_local, Hq, Dv) and with return_lse lse (Hq, T_local).
+    sm_margin as in ring_flash_attn_func. Returns out (T_local, Hq, Dv) and with return_lse lse (Hq, T_local).
     """
-    out, lse = _run(q, k, v, group, causal, softmax_scale, window_size, softcap, layout, strategy, True, cu_seqlens)
+    out, lse = _run(q, k, v, group, causal, softmax_scale, window_size, softcap, layout, strategy, True, cu_seqlens,
+                    sm_margin)
     return (out, lse) if return_lse else out
 
 

@@ -38,6 +38,7 @@ class CPReport:
     steps_computed: int = 0
     steps_skipped: int = 0
     calls: int = 0                                     # library calls of this rank's forward
+    sm_margin: int = 0                                 # SMs left to the transfers by the steps with one in flight
 
     def __str__(self) -> str:
         lines = [f"context parallel: strategy={self.strategy} layout={self.layout} world={self.world} "
@@ -45,6 +46,9 @@ class CPReport:
         if self.strategy == "ring":
             lines.append(f"  ring steps on this rank: {self.steps_computed} computed, {self.steps_skipped} fully "
                          f"masked (skipped; their K/V still pass on), {self.calls} attention calls")
+            if self.sm_margin:
+                lines.append(f"  sm_margin={self.sm_margin}: the steps with a transfer in flight leave that many SMs "
+                             "to it (CUDA; see flash_attn_func)")
         return "\n".join(lines)
 
 
@@ -87,7 +91,7 @@ def _local_problem(q, k, v, varlen, cu_seqlens, group, layout, strategy, opts, n
     try:
         window_pair(opts["window_size"])
         kw = dict(softmax_scale=opts["softmax_scale"], causal=opts["causal"], window_size=opts["window_size"],
-                  softcap=opts["softcap"])
+                  softcap=opts["softcap"], sm_margin=opts["sm_margin"])
         # The library's own checks (dtype, head dim, device, options) on the local shapes, reading no data.
         if varlen:
             kw.update(cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=q.shape[0],

@@ -18,6 +18,7 @@ Tensors are 4-D here, (B, S, H, D); the varlen form passes (1, T, H, D) views.
 
 from __future__ import annotations
 
+import contextlib
 from typing import List
 
 import torch
@@ -34,8 +35,9 @@ _TAG_K, _TAG_V, _TAG_DK, _TAG_DV = 11, 12, 13, 14
 class Ring:
     """The schedule of one call: who sends to whom, each step's blocks, and the sizes of the blocks received."""
 
-    def __init__(self, group, world, rank, lengths, layout, causal, window_size):
+    def __init__(self, group, world, rank, lengths, layout, causal, window_size, sm_margin=0):
         self.group, self.world, self.rank = group, world, rank
+        self.sm_margin = sm_margin  # for the steps with a transfer in flight
         self.rows = [sum(x) for x in lengths]
         segs = segments(layout, lengths)
         lo, hi = band(causal, window_size)
@@ -75,6 +77,19 @@ def _wait(reqs):
         req.wait()
 
 
+@contextlib.contextmanager
+def _completing(reqs):
+    """A step's attention with its transfers in flight: if it raises (the same error on every rank: a refusal or
+    a bug that validation did not foresee), the posted sends and receives are completed first, since every rank
+    posted its pair. Left pending they would meet the next collective of the group (the next call's validation)
+    and hang it."""
+    try:
+        yield
+    except BaseException:
+        _wait(reqs)
+        raise
+
+
 def _rows(x, q0, n):
     return x[:, q0:q0 + n]
 
@@ -94,17 +109,19 @@ def forward(ring: Ring, q, k, v, scale, softcap):
         reqs = []
         if t + 1 < ring.world:  # the next block, in flight during this step's attention
             nxt, reqs = ring.exchange(list(kv), ring.rows[(src - 1) % ring.world], (_TAG_K, _TAG_V), list(kv))
-        for blk in blocks:
-            o, l = flash_attn_func(_rows(q, blk.q0, blk.nq), _rows(kv[0], blk.k0, blk.nk),
-                                   _rows(kv[1], blk.k0, blk.nk), softmax_scale=scale, softcap=softcap,
-                                   return_lse=True, **_window(blk))
-            rows = slice(blk.q0, blk.q0 + blk.nq)
-            if calls == 0 and blk.nq == s:  # the first part of every row (the usual diagonal step): no merge yet
-                out.copy_(o)
-                lse.copy_(l)
-            else:
-                out[:, rows], lse[:, :, rows] = merge_attention_states(out[:, rows], lse[:, :, rows], o, l)
-            calls += 1
+        margin = ring.sm_margin if reqs else 0
+        with _completing(reqs):
+            for blk in blocks:
+                o, l = flash_attn_func(_rows(q, blk.q0, blk.nq), _rows(kv[0], blk.k0, blk.nk),
+                                       _rows(kv[1], blk.k0, blk.nk), softmax_scale=scale, softcap=softcap,
+                                       return_lse=True, sm_margin=margin, **_window(blk))
+                rows = slice(blk.q0, blk.q0 + blk.nq)
+                if calls == 0 and blk.nq == s:  # the first part of every row (the usual diagonal step): no merge
+                    out.copy_(o)
+                    lse.copy_(l)
+                else:
+                    out[:, rows], lse[:, :, rows] = merge_attention_states(out[:, rows], lse[:, :, rows], o, l)
+                calls += 1
         if reqs:
             _wait(reqs)
             kv = tuple(nxt)
@@ -129,14 +146,17 @@ def backward(ring: Ring, q, k, v, kv_first, out, dout, lse, scale, softcap):
                                          back=True)
         dk = torch.zeros(kv[0].shape, dtype=torch.float32, device=q.device)
         dv = torch.zeros(kv[1].shape, dtype=torch.float32, device=q.device)
-        for blk in blocks:
-            qr = slice(blk.q0, blk.q0 + blk.nq)
-            kr = slice(blk.k0, blk.k0 + blk.nk)
-            g = flash_attn_backward(q[:, qr], kv[0][:, kr], kv[1][:, kr], out[:, qr], dout[:, qr],
-                                    lse[:, :, qr].contiguous(), softmax_scale=scale, softcap=softcap, **_window(blk))
-            dq[:, qr] += g[0]
-            dk[:, kr] += g[1]
-            dv[:, kr] += g[2]
+        margin = ring.sm_margin if kv_reqs or acc_reqs else 0  # K/V for the next step, or dK/dV arriving
+        with _completing(kv_reqs + acc_reqs):
+            for blk in blocks:
+                qr = slice(blk.q0, blk.q0 + blk.nq)
+                kr = slice(blk.k0, blk.k0 + blk.nk)
+                g = flash_attn_backward(q[:, qr], kv[0][:, kr], kv[1][:, kr], out[:, qr], dout[:, qr],
+                                        lse[:, :, qr].contiguous(), softmax_scale=scale, softcap=softcap,
+                                        sm_margin=margin, **_window(blk))
+                dq[:, qr] += g[0]
+                dk[:, kr] += g[1]
+                dv[:, kr] += g[2]
         if s > 0:                          # what the ranks after this one contributed to this block
             _wait(acc_reqs)
             dk += acc[0]

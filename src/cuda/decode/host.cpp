@@ -122,7 +122,9 @@ Status wait_verdict(const Readback& r, unsigned ticket, cudaStream_t stream, con
 std::string Plan::reason() const {
   if (given) return "num_splits as given";
   std::ostringstream s;
-  s << "auto: " << ctas << " CTAs (B·Hkv·row_tiles) on " << sms << " SMs x " << per_sm
+  s << "auto: " << ctas << " CTAs (B·Hkv·row_tiles) on " << sms << " SMs";
+  if (sm_margin > 0) s << " (the device's less sm_margin = " << sm_margin << ")";
+  s << " x " << per_sm
     << " per wave; the fewest splits within 95 % of the best wave efficiency, at most one per 4 key tiles (256 keys)"
     << " of the seqlen_k bound";
   return s.str();
@@ -143,8 +145,9 @@ Plan plan(const AttnParams& p) {
   d.rows_per_tile = rows_per_tile(rows);
   d.row_tiles = static_cast<int>((rows + d.rows_per_tile - 1) / d.rows_per_tile);
   d.ctas = p.batch * p.heads_kv * d.row_tiles;
+  d.sm_margin = p.sm_margin;
   const Gpu* g = gpu(p.device_index);
-  d.sms = g != nullptr ? g->sms : 0;
+  d.sms = g != nullptr ? call_sms(p) : 0;
   const int smem = d.bucket > 0 ? decode_smem_bytes(d.bucket, d.rows_per_tile) : 1;
   d.per_sm = d.rows_per_tile == kRowsPerTile ? 1 : std::clamp(g != nullptr ? g->smem_optin / smem : 1, 1, 4);
   if (p.num_splits > 0) {

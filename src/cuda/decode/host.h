@@ -16,7 +16,8 @@ struct Plan {
   int row_tiles = 0;      // tiles of packed rows (G · Sq) per KV head
   int splits = 1;
   std::int64_t ctas = 0;  // B · Hkv · row_tiles (before splitting)
-  int sms = 0;
+  int sms = 0;            // SMs the plan spreads the CTAs over (runtime.h call_sms)
+  int sm_margin = 0;      // Options::sm_margin, for the report
   int per_sm = 1;         // CTAs per SM that one wave counts (host.cpp plan)
   bool given = false;     // num_splits came from the caller
   std::string reason() const;

@@ -50,6 +50,11 @@ int sm_count(int device_index) {
   return g != nullptr && g->sms > 0 ? g->sms : 132;
 }
 
+int call_sms(const detail::AttnParams& p) {
+  const int sms = sm_count(p.device_index) - p.sm_margin;
+  return sms > 1 ? sms : 1;
+}
+
 DeviceGuard::DeviceGuard(int index, const char* backend) {
   check(cudaGetDevice(&previous_), backend, "cudaGetDevice");
   switched_ = previous_ != index;

@@ -33,6 +33,9 @@ const Gpu* gpu(int index);
 // Streaming multiprocessors of device `device_index` (132, the H100's and H200's count, when it is unknown): the
 // persistent kernels' CTA count.
 int sm_count(int device_index);
+// SMs the call's SM-sized grids use (cuda-sm90's persistent forward, the split-KV plan): the device's less
+// Options::sm_margin; check_common refuses a margin that leaves none (at least 1 here all the same).
+int call_sms(const detail::AttnParams& p);
 
 // Sets the current device for the scope of a call and restores the caller's.
 class DeviceGuard {

@@ -35,10 +35,10 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
   const detail::AttnParams& a = p.a;
   KernelParams<Traits> kp;
   kp.f = p;
-  // Persistent: one CTA per SM (the kernel's shared memory allows one), each walking its tiles.
+  // Persistent: one CTA per SM the call may use (the kernel's shared memory allows one), each walking its tiles.
   kp.sched = StaticTileScheduler::make(static_cast<int>((a.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM),
                                        static_cast<int>(a.heads_q), static_cast<int>(a.batch), V::kMasked,
-                                       sm_count(a.device_index));
+                                       call_sms(a));
   if (kp.sched.count() == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(kp.sched.grid));
   const bool varlen = a.is_varlen();
