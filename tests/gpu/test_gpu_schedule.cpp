@@ -27,18 +27,24 @@ flashtile::TensorView sequence(flashtile::TensorView v, std::int64_t b) {
   return v;
 }
 
+// 12 sequences x 8 heads = 96 pairs, causal: at 384 tokens the 128-row kernels (hdim 128, 256) take sections of 88.
+Case batched_causal(std::int64_t d) {
+  Case c;
+  c.b = 12;
+  c.sq = c.sk = 384;
+  c.hq = 8;
+  c.hkv = 2;
+  c.d = c.dv = d;
+  c.dtype = DType::bfloat16;
+  c.causal = true;
+  return c;
+}
+
 class GpuSchedule : public ::testing::TestWithParam<std::int64_t> {};
 
 TEST_P(GpuSchedule, BatchedCausalForwardEqualsOneCallPerSequence) {
   FT_REQUIRE_GPU();
-  Case c;
-  c.b = 12;  // 12 x 8 = 96 pairs; at 384 tokens the 128-row kernels (hdim 128, 256) take sections of 88
-  c.sq = c.sk = 384;
-  c.hq = 8;
-  c.hkv = 2;
-  c.d = c.dv = GetParam();
-  c.dtype = DType::bfloat16;
-  c.causal = true;
+  const Case c = batched_causal(GetParam());
   auto rng = ft_test::test_rng();
   ft_test::Problem p(c, rng);
   DevProblem d(p);
@@ -88,14 +94,7 @@ INSTANTIATE_TEST_SUITE_P(Hdims, GpuSchedule, ::testing::Values(128, 256),
 // there. A margin of every SM is refused, naming the argument and the SM count.
 TEST(GpuSmMargin, ForwardOnFewerSmsEqualsTheFullGrid) {
   FT_REQUIRE_GPU();
-  Case c;
-  c.b = 12;
-  c.sq = c.sk = 384;
-  c.hq = 8;
-  c.hkv = 2;
-  c.d = c.dv = 128;
-  c.dtype = DType::bfloat16;
-  c.causal = true;
+  const Case c = batched_causal(128);
   auto rng = ft_test::test_rng();
   ft_test::Problem p(c, rng);
   DevProblem d(p);
