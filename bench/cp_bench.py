@@ -19,6 +19,7 @@ each rep started together on every rank after a barrier, the slowest rank's medi
   * single    rank 0 alone: flashtile.flash_attn_func on `tokens` (and the peer kernel), for weak scaling.
   * margins   with --sm-margins M1,M2,...: the ring again with sm_margin=M (the steps with a transfer in flight
               leave M SMs to NCCL); the best margin's time, weak-scaling efficiency and hidden share get columns.
+              --nccl-max-ctas N caps the SMs the transfers take (NCCL_MAX_CTAS), to pair with a margin of N.
 Figures: per-GPU TFLOP/s (forward 4*B*H*S^2*D, halved when causal; backward 2.5x; S the whole sequence, divided by
 the world size), weak-scaling efficiency = per-GPU TFLOP/s of the ring over that of one GPU on `tokens`
 (= world * t_single / t_ring), and the hidden share of communication = 1 - max(0, t_ring - t_compute) / t_comm.
@@ -348,7 +349,7 @@ COLS = [("tokens_per_gpu", "tokens/GPU", "{}"), ("causal", "causal", "{}"), ("mo
 def markdown(meta, rows):
     lines = [f"# Context parallelism: {meta['world']} x {meta['device']}", "",
              f"{meta['date']}, `{meta['command']}`, torch {meta['torch']}, flashtile {meta['flashtile']}, "
-             f"peer = {meta['peer']}. bf16 unless --smoke; batch {meta['batch']}, {meta['heads']} heads, hdim "
+             f"peer = {meta['peer']}, NCCL_MAX_CTAS = {meta.get('nccl_max_ctas', 'default')}. bf16 unless --smoke; batch {meta['batch']}, {meta['heads']} heads, hdim "
              f"{meta['hdim']}; causal cells use the zigzag layout, full ones contiguous. Median of {meta['reps']} "
              "(slowest rank). TF/GPU counts the useful FLOPs of the whole sequence divided by the world size.", "",
              "| " + " | ".join(c[1] for c in COLS) + " |", "|" + "---|" * len(COLS)]
@@ -416,11 +417,16 @@ def main():
     ap.add_argument("--peer", default="cudnn", choices=("cudnn", "flash"))
     ap.add_argument("--smoke", action="store_true", help="CPU processes with gloo, float32, tiny shapes")
     ap.add_argument("--sm-margins", default="", help="also time the ring with each sm_margin, comma-separated")
+    ap.add_argument("--nccl-max-ctas", type=int, default=0,
+                    help="NCCL_MAX_CTAS for this run's communicators (0: NCCL's default): fewer SMs held by the "
+                         "transfers, to pair with --sm-margins")
     ap.add_argument("--out", default="cp_bench", help="writes OUT.json, OUT.md, OUT.png")
     a = ap.parse_args()
     if a.smoke:
         a.tokens, a.heads, a.hdim = (a.tokens if a.tokens != ap.get_default("tokens") else "64,128"), 2, 32
         a.reps, a.warmup = min(a.reps, 3), 1
+    if a.nccl_max_ctas > 0:  # read by NCCL when the communicators are made, i.e. after this
+        os.environ["NCCL_MAX_CTAS"] = str(a.nccl_max_ctas)
     dist.init_process_group("gloo" if a.smoke else "nccl")
     if a.smoke:
         device = torch.device("cpu")
@@ -447,7 +453,7 @@ def main():
                     device=(torch.cuda.get_device_name(device) if device.type == "cuda"
                             else platform.processor() or "CPU"),
                     peer=a.peer if not a.smoke else "SDPA CPU flash kernel", heads=a.heads, hdim=a.hdim,
-                    batch=a.batch, reps=a.reps)
+                    batch=a.batch, reps=a.reps, nccl_max_ctas=os.environ.get("NCCL_MAX_CTAS", "default"))
         with open(a.out + ".json", "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
         with open(a.out + ".md", "w") as f:
