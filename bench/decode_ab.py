@@ -45,7 +45,7 @@ def main():
     for c in args.cells.split(","):
         sq, b, length = (int(x) for x in c.split(":"))
         r = cell(fts, sq, b, length, isas=isas)
-        rows.append((f"Sq {sq}, B {b}, {length // 1024}k", r))
+        rows.append((f"Sq {sq}, B {b}, " + (f"{length // 1024}k" if length >= 1024 else f"{length} keys"), r))
         print(f"| {sq} | {b} | {length} | " + " | ".join(f"{r[n]:.1f}" for n in names)
               + f" | {r[names[-1]] / r[names[0]]:.2f} |", flush=True)
 

@@ -11,6 +11,9 @@
 
 namespace flashtile::detail {
 
+// The largest head dim D and Dv a call may have (validation refuses more; kernels may size buffers by it).
+inline constexpr std::int64_t kMaxHeadDim = 256;
+
 // Element strides of a [B, S, H, D] tensor (D stride is 1) or of lse [B, H, S] (S stride is 1).
 struct Strides {
   std::int64_t batch = 0;

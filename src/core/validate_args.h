@@ -16,7 +16,7 @@
 
 namespace flashtile::detail::args {
 
-inline constexpr std::int64_t kMaxHeadDim = 256;
+using detail::kMaxHeadDim;  // core/params.h
 
 template <class E, class... Args>
 [[noreturn]] void fail(const Args&... args) {

@@ -610,15 +610,17 @@ void merge_rows(const AttnParams& p, std::int64_t b, std::int64_t hk, int splits
     for (std::int64_t i = 0; i < p.seqlen_q; ++i) {
       const float* part = parts + ((b * p.heads_q + h) * p.seqlen_q + i) * splits * (dv + 1);
       const float lse = detail::merged_lse([&](int s) { return part[s * (dv + 1) + dv]; }, splits);
-      float wgt[1024];
-      for (int s = 0; s < splits; ++s) wgt[s] = detail::part_weight(part[s * (dv + 1) + dv], lse);
-      T* o = row_ptr<T>(p.out, p.out_stride, b, i, h);
-      for (int c = 0; c < dv; ++c) {
-        float a = 0.0f;
-        for (int s = 0; s < splits; ++s)
-          if (wgt[s] != 0.0f) a += wgt[s] * part[s * (dv + 1) + c];  // a keyless part adds nothing; NaN passes
-        o[c] = from_float<T>(a);
+      // Split by split over the whole row (the sum of each column in split order, as a column-by-column loop would
+      // take it), so that the compiler vectorises the columns.
+      float acc[detail::kMaxHeadDim] = {};
+      for (int s = 0; s < splits; ++s) {
+        const float w = detail::part_weight(part[s * (dv + 1) + dv], lse);
+        if (w == 0.0f) continue;  // a keyless part adds nothing; a NaN weight or value passes
+        const float* ps = part + s * (dv + 1);
+        for (int c = 0; c < dv; ++c) acc[c] += w * ps[c];
       }
+      T* o = row_ptr<T>(p.out, p.out_stride, b, i, h);
+      for (int c = 0; c < dv; ++c) o[c] = from_float<T>(acc[c]);
       if (p.lse != nullptr) p.lse[b * p.lse_stride.batch + h * p.lse_stride.head + i * p.lse_stride.row] = lse;
     }
 }
@@ -639,9 +641,16 @@ void append(const AttnParams& p, int threads) {
   });
 }
 
+// Work of fewer bytes than this runs on the calling thread: the append of a decode step's new rows and the merge
+// of its splits' partials (a few KiB each at batch 1), where a team's fork and join would cost more (parallel.h).
+constexpr std::int64_t kSerialBytes = 256 * 1024;
+
+int team_for(std::int64_t bytes, int threads) { return bytes < kSerialBytes ? 1 : threads; }
+
 template <class T>
 void decode_typed(const AttnParams& p, const DecodePlan& plan, int threads) {
-  if (p.seqlen_new > 0) append<T>(p, threads);
+  const std::int64_t row_bytes = p.heads_kv * (p.hdim + p.hdim_v) * static_cast<std::int64_t>(sizeof(T));
+  if (p.seqlen_new > 0) append<T>(p, team_for(p.batch * p.seqlen_new * row_bytes, threads));
   if (p.seqlen_q == 0 || p.heads_q == 0) return;  // an append without queries
   const int splits = plan.splits;
   const std::int64_t tiles = plan.tiles, tasks = p.batch * tiles * splits;
@@ -660,7 +669,8 @@ void decode_typed(const AttnParams& p, const DecodePlan& plan, int threads) {
         attend_tile<T>(p, *w, plan.tile(b, tile), split, splits, part_data);
       });
   if (splits == 1) return;
-  parallel_tasks(p.batch * p.heads_kv, threads, [] { return 0; }, [&](int&, std::int64_t task) {
+  const std::int64_t part_bytes = p.batch * p.heads_q * p.seqlen_q * splits * (p.hdim_v + 1) * 4;
+  parallel_tasks(p.batch * p.heads_kv, team_for(part_bytes, threads), [] { return 0; }, [&](int&, std::int64_t task) {
     merge_rows<T>(p, task / p.heads_kv, task % p.heads_kv, splits, part_data);
   });
 }
