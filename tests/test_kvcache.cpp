@@ -203,8 +203,11 @@ TEST_P(KvCache, MatchesOracleAndAppendsInPlace) {
   const std::string tiles = bf16_products_of(report.ran.isa);
   const bool on_tiles = tiles != "float32 FMAs on converted tiles" && kc.v.dtype == DType::bfloat16 &&
                         kc.v.d % 32 == 0 && kc.v.dv % 32 == 0;
-  const std::string products =
-      rows < 16 ? "products: per-row" : on_tiles ? "products: " + tiles : "products: float32 matrix";
+  const bool row_dots = report.ran.isa == "avx512-bf16" && on_tiles;  // qk_rows_dots
+  const std::string products = rows < 16 ? (row_dots ? "products: per-row dot products, Q·Kᵀ on vdpbf16ps"
+                                                     : "products: per-row dot products")
+                               : on_tiles ? "products: " + tiles
+                                          : "products: float32 matrix";
   EXPECT_NE(report.ran.detail.find(products), std::string::npos) << report.to_string();
   expect_var_close(p, var_oracle(p, false), var_standard(p, false), false);
   EXPECT_TRUE(same_contents(cache.k->to_double(), cache.k_after)) << "k_cache";

@@ -60,12 +60,12 @@ struct DecodePlan {
   }
 
   // How the tiles' products run, for the dispatch report (on_tiles: the kernel set's bf16 tile products, empty if
-  // it has none).
-  std::string products(const detail::AttnParams& p, std::string_view on_tiles) const {
-    const std::string matrix = !on_tiles.empty() && decode_on_bf16_tiles(p.dtype, p.hdim, p.hdim_v)
-                                   ? std::string(on_tiles)
-                                   : "float32 matrix";
-    if (rows_per_head < kMatrixRows) return "per-row dot products";
+  // it has none; row_dots: KernelSet::decode_row_dots).
+  std::string products(const detail::AttnParams& p, std::string_view on_tiles, bool row_dots) const {
+    const bool bf16_pieces = decode_on_bf16_tiles(p.dtype, p.hdim, p.hdim_v);
+    const std::string matrix = !on_tiles.empty() && bf16_pieces ? std::string(on_tiles) : "float32 matrix";
+    if (rows_per_head < kMatrixRows)
+      return row_dots && bf16_pieces ? "per-row dot products, Q·Kᵀ on vdpbf16ps" : "per-row dot products";
     const std::int64_t tail = rows_per_head % kDecodeRows;
     return matrix + (tail > 0 && tail < kMatrixRows ? " (a head's last " + std::to_string(tail) + " rows per row)" : "");
   }

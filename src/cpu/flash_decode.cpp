@@ -132,6 +132,47 @@ void qk_rows(const float* q, int ldq, int d, const T* const* kp, int j0, int j1,
   if (j < j1) qk_rows<NR, 1, kPairs>(q, ldq, d, kp, j, j1, s, lds, ahead);
 }
 
+#if FT_SIMD_WIDTH == 16 && defined(__AVX512BF16__) && defined(FT_BF16_PAIRS) && FT_BF16_PAIRS == 1
+#define FT_DECODE_DOTS 1
+// qk_rows for a bf16 cache on vdpbf16ps, in the avx512-bf16 set only (KernelSet::decode_row_dots; the CPUs where
+// the dot products pay, isa.cpp bf16_dots_pay: on the AMX Xeon vdpbf16ps runs at half the float32 FMAs' rate):
+// q16 the rows' own bf16 bits (ldq16 apart, natural order), each 32-value piece of a key row one instruction per
+// row (two products summed per lane, float32 accumulation) and no widening of the key row; s = (q · k) · scale, as
+// the bf16 tile paths compute it. d a multiple of 32. On the AVX-512 EPYC (2026-12-05, bench/decode_ab.py, 2
+// threads, GQA 32/8, hd128, batch 1) 1.04-1.11x with the cache in L3 (1k-4k keys), 1.01-1.04x from DRAM.
+template <int NR, int NJ>
+void qk_rows_dots(const std::uint16_t* q16, int ldq16, int d, const BFloat16* const* kp, int j0, int j1, float* s,
+                  int lds, float scale, const Ahead<BFloat16>& ahead = {}) {
+  int j = j0;
+  for (; j + NJ <= j1; j += NJ) {
+    for (int u = 0; u < NJ; ++u) ahead.fetch(j + u);
+    V a[NR][NJ];
+    for (int r = 0; r < NR; ++r)
+      for (int u = 0; u < NJ; ++u) a[r][u] = simd::set1(0.0f);
+    for (int c = 0; c < d; c += 32) {
+      __m512bh kv[NJ];
+      for (int u = 0; u < NJ; ++u) kv[u] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(kp[j + u] + c));
+      for (int r = 0; r < NR; ++r) {
+        const __m512bh qv = reinterpret_cast<__m512bh>(_mm512_loadu_si512(q16 + r * ldq16 + c));
+        for (int u = 0; u < NJ; ++u) a[r][u].v = _mm512_dpbf16_ps(a[r][u].v, qv, kv[u]);
+      }
+    }
+    alignas(64) float sum[NR][NJ];
+    if constexpr (NR * NJ == simd::W) {
+      simd::store(&sum[0][0], simd::reduce_add_lanes(&a[0][0]));
+    } else {
+      for (int r = 0; r < NR; ++r)
+        for (int u = 0; u < NJ; ++u) sum[r][u] = simd::reduce_add(a[r][u]);
+    }
+    for (int r = 0; r < NR; ++r)
+      for (int u = 0; u < NJ; ++u) s[r * lds + j + u] = sum[r][u] * scale;
+  }
+  if (j < j1) qk_rows_dots<NR, 1>(q16, ldq16, d, kp, j, j1, s, lds, scale, ahead);
+}
+#else
+#define FT_DECODE_DOTS 0
+#endif
+
 // Keys per step of qk_rows for NR rows: NR · NJ accumulators and the NJ key pieces in registers, the sums of
 // eight (AVX2) or sixteen (AVX-512) taken in one tree.
 constexpr int qk_keys(int nr) { return FT_SIMD_WIDTH == 16 && nr == 4 ? 4 : nr <= 2 ? 4 : 2; }
@@ -450,9 +491,16 @@ void block_rows(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPolicy&
     }
   row_groups(r_end - r_begin, [&]<int NR>(int g) {
     const int r = r_begin + g;
-    qk_rows<NR, qk_keys(NR), kPairs>(w.q.get() + static_cast<std::int64_t>(r) * w.ldq, w.ldq, d, kp, 0, n,
-                                         w.s.get() + static_cast<std::int64_t>(r) * kDecodeKeys, kDecodeKeys,
-                                         g == 0 ? ahead.this_v : Ahead<T>{});
+    float* s = w.s.get() + static_cast<std::int64_t>(r) * kDecodeKeys;
+#if FT_DECODE_DOTS
+    if constexpr (kPairs && std::is_same_v<T, BFloat16>) {  // PairOrder: d a multiple of 32
+      qk_rows_dots<NR, qk_keys(NR)>(w.q16.get() + static_cast<std::int64_t>(r) * d, d, d, kp, 0, n, s, kDecodeKeys,
+                                    scale, g == 0 ? ahead.this_v : Ahead<T>{});
+      return;
+    }
+#endif
+    qk_rows<NR, qk_keys(NR), kPairs>(w.q.get() + static_cast<std::int64_t>(r) * w.ldq, w.ldq, d, kp, 0, n, s,
+                                         kDecodeKeys, g == 0 ? ahead.this_v : Ahead<T>{});
   });
   softmax_rows(w, t, mask, r_begin, r_end, k0, n, partial, dv);
   if (!partial) {
@@ -506,7 +554,7 @@ void attend_tile(const AttnParams& p, DecodeScratch<T>& w, const RowTile& t, int
     const T* src = row_ptr<T>(p.q, p.q_stride, t.b, t.token(r), t.head(r));
     for (int c = 0; c < d; ++c) dst[pairs ? PairOrder::slot(c) : c] = to_float(src[c]) * p.softmax_scale;
 #ifdef FT_BF16_TILES
-    if (bf16_tiles)
+    if (bf16_tiles || (FT_DECODE_DOTS && pairs))  // the tile products' Q, or qk_rows_dots'
       std::memcpy(w.q16.get() + static_cast<std::int64_t>(r) * d, src, sizeof(T) * static_cast<std::size_t>(d));
 #endif
     if (split == 0) {  // the sink enters one split only, so that the merge counts it once

@@ -91,7 +91,7 @@ const KernelSet kSets[] = {
     // (cpu_epyc512_1204_pairs_bwd.md). Elsewhere bf16 inputs take avx512's float32 kernels on tiles converted once
     // per head; FLASHTILE_CPU_ISA=avx512-bf16 selects it.
     {"avx512-bf16", &avx512_bf16::forward, &avx512_bf16::backward, &avx512_bf16::decode, &bf16_dots_pay,
-     &avx512_bf16_forward_tiles, "vdpbf16ps pairs"},
+     &avx512_bf16_forward_tiles, "vdpbf16ps pairs", true},
     // bf16 forward, backward and many-row decode (speculative decoding) on AMX tiles (tdpbf16ps); float32/float16
     // as avx512.
     {"avx512-amx", &avx512_amx::forward, &avx512_amx::backward, &avx512_amx::decode, &always,

@@ -27,6 +27,9 @@ struct KernelSet {
   // What the products of a bf16 forward, backward and many-row decode run on (the dispatch report's "bf16
   // products"): the set's bf16 tile products (bf16_tiles.h), or the float32 kernels.
   std::string_view bf16_products = kFloat32Products;
+  // Whether the decode's per-row path (fewer than kMatrixRows rows of a KV head) takes a bf16 cache's Q·Kᵀ on
+  // vdpbf16ps (flash_decode.cpp qk_rows_dots, FT_DECODE_DOTS: the avx512-bf16 set).
+  bool decode_row_dots = false;
   static constexpr std::string_view kFloat32Products = "float32 FMAs on converted tiles";
   bool has_bf16_tiles() const { return bf16_products != kFloat32Products; }
 };
