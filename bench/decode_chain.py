@@ -136,13 +136,14 @@ def main():
     ap.add_argument("--libs", default=None, help="A/B: name=libflashtile_capi.so,... (see the module doc)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--splits-sweep", default="", help="with --libs: the first build also at these num_splits")
+    ap.add_argument("--backend", default="auto", help="without --libs: FlashTile's backend (strict), e.g. cuda-sm80")
     args = ap.parse_args()
     if args.libs:
         return ab(args)
     ft = FlashTile(find_lib(args.lib))
     for spec in args.cells.split(","):
         batch, keys, page = (int(x) for x in spec.split(":"))
-        ft_call, cudnn_call, kv_bytes = make_cell(ft, batch, keys, page, args.sq, args.splits)
+        ft_call, cudnn_call, kv_bytes = make_cell(ft, batch, keys, page, args.sq, args.splits, backend=args.backend)
         if args.only:
             fn = ft_call if args.only == "ft" else cudnn_call
             fn()
