@@ -218,8 +218,11 @@ struct Shared {
 template <class T>
 void compute_delta(Shared& sh, int threads) {
   const AttnParams& p = sh.p;
+  // Reads O and dO, and writes the float copies of Q and dO when the float32 products run.
+  const std::int64_t bytes = p.heads_q * p.total_q * (2 * p.hdim_v * static_cast<std::int64_t>(sizeof(T)) +
+                                                      (sh.qf ? 4 * (sh.ldq + sh.ldo) : 0));
   parallel_tasks(
-      p.batch * p.heads_q, threads, [] { return 0; },
+      p.batch * p.heads_q, team_for_bytes(bytes, threads), [] { return 0; },
       [&](int&, std::int64_t t) {
         const std::int64_t b = t / p.heads_q, h = t % p.heads_q;
         const HeadInfo head(p, b, h);
@@ -386,8 +389,9 @@ bool inputs_finite(const AttnParams& p, int threads) {
     }
     return true;
   };
+  const std::int64_t bytes = 2 * (p.heads_q * p.total_q * (p.hdim + p.hdim_v) + p.heads_kv * p.total_k * (p.hdim + p.hdim_v));
   parallel_tasks(
-      p.batch * (p.heads_q + p.heads_kv), threads, [] { return 0; },
+      p.batch * (p.heads_q + p.heads_kv), team_for_bytes(bytes, threads), [] { return 0; },
       [&](int&, std::int64_t t) {
         if (!finite.load(std::memory_order_relaxed)) return;
         const std::int64_t b = t / (p.heads_q + p.heads_kv), h = t % (p.heads_q + p.heads_kv);
@@ -565,7 +569,7 @@ void backward_typed(const AttnParams& p, TileConfig tile, int threads) {
 
   // dq = scale · Σ_parts, in part order (reproducible), converted to T.
   parallel_tasks(
-      p.batch * p.heads_q, threads, [] { return 0; },
+      p.batch * p.heads_q, team_for_bytes(sh.parts * p.heads_q * p.total_q * p.hdim * 4, threads), [] { return 0; },
       [&](int&, std::int64_t t) {
         const std::int64_t b = t / p.heads_q, h = t % p.heads_q;
         const HeadInfo head(p, b, h);

@@ -689,16 +689,10 @@ void append(const AttnParams& p, int threads) {
   });
 }
 
-// Work of fewer bytes than this runs on the calling thread: the append of a decode step's new rows and the merge
-// of its splits' partials (a few KiB each at batch 1), where a team's fork and join would cost more (parallel.h).
-constexpr std::int64_t kSerialBytes = 256 * 1024;
-
-int team_for(std::int64_t bytes, int threads) { return bytes < kSerialBytes ? 1 : threads; }
-
 template <class T>
 void decode_typed(const AttnParams& p, const DecodePlan& plan, int threads) {
   const std::int64_t row_bytes = p.heads_kv * (p.hdim + p.hdim_v) * static_cast<std::int64_t>(sizeof(T));
-  if (p.seqlen_new > 0) append<T>(p, team_for(p.batch * p.seqlen_new * row_bytes, threads));
+  if (p.seqlen_new > 0) append<T>(p, team_for_bytes(p.batch * p.seqlen_new * row_bytes, threads));
   if (p.seqlen_q == 0 || p.heads_q == 0) return;  // an append without queries
   const int splits = plan.splits;
   const std::int64_t tiles = plan.tiles, tasks = p.batch * tiles * splits;
@@ -718,7 +712,7 @@ void decode_typed(const AttnParams& p, const DecodePlan& plan, int threads) {
       });
   if (splits == 1) return;
   const std::int64_t part_bytes = p.batch * p.heads_q * p.seqlen_q * splits * (p.hdim_v + 1) * 4;
-  parallel_tasks(p.batch * p.heads_kv, team_for(part_bytes, threads), [] { return 0; }, [&](int&, std::int64_t task) {
+  parallel_tasks(p.batch * p.heads_kv, team_for_bytes(part_bytes, threads), [] { return 0; }, [&](int&, std::int64_t task) {
     merge_rows<T>(p, task / p.heads_kv, task % p.heads_kv, splits, part_data);
   });
 }

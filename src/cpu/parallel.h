@@ -19,6 +19,11 @@
 namespace flashtile::cpu {
 FT_ISA_BEGIN
 
+// The team for a phase that moves `bytes` of memory: the calling thread alone below 256 KiB (a decode step's
+// append and merge, a short backward's row sums and dQ reduction), where a fork and join would cost more than the
+// work (the comment above); `threads` otherwise.
+inline int team_for_bytes(std::int64_t bytes, int threads) { return bytes < 256 * 1024 ? 1 : threads; }
+
 template <class MakeScratch, class Body>
 void parallel_tasks(std::int64_t n, int threads, MakeScratch make_scratch, Body body) {
   if (n <= 0) return;
