@@ -38,6 +38,9 @@ def cell(libs, hdim, seqlen, causal, reps, rounds, direction, hooks=("none",), t
               "alibi": {"alibi_slopes": torch.tensor([2.0 ** (-8.0 * (i + 1) / h) for i in range(h)], device="cuda")},
               "alibi0": {"alibi_slopes": torch.zeros(h, device="cuda")},
               "none": {}}
+    # marginN: the plain call with sm_margin = N (cuda-sm90's persistent forward on N fewer SMs): what leaving SMs to
+    # a concurrent transfer costs the attention alone.
+    extras.update({hk: {"sm_margin": int(hk[len("margin"):])} for hk in hooks if hk.startswith("margin")})
     for lib, ft in libs.items():
         for hook in hooks:
             name = lib if len(hooks) == 1 else f"{lib}+{hook}"
@@ -78,7 +81,7 @@ def main():
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--hooks", default="none", help="forward only: each build run with each of none, softcap, alibi, "
-                    "alibi0 (comma-separated)")
+                    "alibi0, marginN (sm_margin = N) (comma-separated)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     libs = {n: FlashTile(p) for n, p in (x.split("=", 1) for x in args.libs.split(","))}

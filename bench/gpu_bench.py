@@ -53,7 +53,7 @@ class FtVariants(ctypes.Structure):  # include/flashtile/capi.h ft_variants
     _fields_ = [("struct_size", ctypes.c_uint64), ("window_left", ctypes.c_int64), ("window_right", ctypes.c_int64),
                 ("softcap", ctypes.c_double)] + [(n, ctypes.POINTER(FtTensor)) for n in (
                     "alibi_slopes", "sinks", "dsinks", "cu_seqlens_q", "cu_seqlens_k", "seqused_k")] + [
-                ("max_seqlen_q", ctypes.c_int64), ("max_seqlen_k", ctypes.c_int64)]
+                ("max_seqlen_q", ctypes.c_int64), ("max_seqlen_k", ctypes.c_int64), ("sm_margin", ctypes.c_int64)]
 
 
 _DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
@@ -82,12 +82,14 @@ class FlashTile:
         return t.device.index if t.is_cuda else -1
 
     def forward(self, q, k, v, out, lse, causal=False, scale=None, backend="cuda-sm80", strict=True, softcap=0.0,
-                alibi_slopes=None):
+                alibi_slopes=None, sm_margin=0):
         ts = [ft_tensor(x) for x in (q, k, v, out, lse)]
         args = [*[ctypes.byref(x) for x in ts], _DTYPES[q.dtype], self._dev(q), math.nan if scale is None else scale,
                 int(causal), backend.encode(), int(strict)]
-        if softcap or alibi_slopes is not None:  # the score hooks: ft_forward_ex
+        if softcap or alibi_slopes is not None or sm_margin:  # the score hooks or an SM margin: ft_forward_ex
+            # sm_margin is the struct's second version: a library older than it refuses a nonzero one by name.
             var = FtVariants(ctypes.sizeof(FtVariants), -1, -1, softcap)
+            var.sm_margin = sm_margin
             if alibi_slopes is not None:
                 self._slopes = ft_tensor(alibi_slopes)  # kept alive for the call
                 var.alibi_slopes = ctypes.pointer(self._slopes)
