@@ -139,7 +139,7 @@ class _Attention(torch.autograd.Function):
 def fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
         max_seqlen_q: int, max_seqlen_k: int, alibi_slopes: Optional[Tensor], sinks: Optional[Tensor],
         softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int, softcap: float,
-        backend: str, strict: bool, deterministic: bool, sm_margin: int) -> Tuple[Tensor, Tensor]:
+        backend: str, strict: bool, deterministic: bool, sm_margin: int = 0) -> Tuple[Tensor, Tensor]:
     """out [B, Sq, Hq, Dv] and lse [B, Hq, Sq] (float32), or [total_q, Hq, Dv] and [Hq, total_q] with cu_seqlens.
     `deterministic` is only kept for backward."""
     return _forward(q, k, v, Call(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, sinks,
@@ -158,7 +158,7 @@ def bwd(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor, lse: Tensor,
         cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int, alibi_slopes: Optional[Tensor],
         sinks: Optional[Tensor], softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int,
         softcap: float, backend: str, strict: bool, deterministic: bool,
-        sm_margin: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        sm_margin: int = 0) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """dq, dk, dv (shapes and dtype of q, k, v) and dsinks (empty without sinks); recomputes P in tiles."""
     call = Call(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, sinks, softmax_scale, causal,
                 window_left, window_right, softcap, backend, strict, deterministic, sm_margin)

@@ -323,7 +323,7 @@ TORCH_LIBRARY(flashtile_ext, m) {
       "attention(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, "
       "int max_seqlen_k, Tensor? alibi_slopes, Tensor? sinks, float? softmax_scale, bool causal, "
       "int window_left, int window_right, float softcap, str backend, bool strict, bool deterministic, "
-      "int sm_margin) -> (Tensor, Tensor)");
+      "int sm_margin=0) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(flashtile_ext, Autograd, m) {
