@@ -31,7 +31,7 @@ const char* fault_name(Fault f) {
                                       "neg_size", "neg_stride", "last_stride", "overflow_stride", "self_overlap",
                                       "rank", "shape", "head_dim", "gqa", "alias", "threads", "scale",
                                       "unknown_backend", "bad_isa", "all_cuda", "window", "softcap", "variant_shape",
-                                      "variant_dtype", "cu_values", "max_seqlen", "seqused", "dsinks"};
+                                      "variant_dtype", "cu_values", "max_seqlen", "seqused", "dsinks", "sm_margin"};
   static_assert(sizeof(names) / sizeof(names[0]) == static_cast<std::size_t>(Fault::kCount));
   return names[static_cast<int>(f)];
 }
@@ -286,6 +286,9 @@ bool inject(Fault f, Call& c, Rng& r, const std::vector<std::string>& backends) 
       s.offset = hs.offset + (r.chance(50) ? 0 : static_cast<std::size_t>(r.u(std::max<std::int64_t>(static_cast<std::int64_t>(hs.span_bytes() / es), 1))) * es);
       return true;
     }
+    case Fault::sm_margin:
+      c.options.sm_margin = r.pick({-1, -9, INT_MIN});
+      return true;
     case Fault::threads:
       c.options.num_threads = r.pick({-1, -3, INT_MIN});
       return true;
@@ -416,6 +419,7 @@ Call generate(std::uint64_t seed, std::uint64_t index, std::int64_t max_seqlen, 
   o.strict = r.chance(20);
   o.deterministic = r.chance(30);
   o.num_threads = r.pick({0, 1, 1, 1, 2, 3});
+  if (r.chance(10)) o.sm_margin = static_cast<int>(r.u(9));  // a CUDA option: the CPU backends ignore it
   if (r.chance(2)) c.mutations.push_back({Mutation::device_index, -2, 0, 3});  // every tensor on cpu:3: valid
   // Tensors: q, k, v (+ dout) are inputs; out and lse are outputs of forward and inputs of backward.
   const bool bwd = c.is_backward();
@@ -544,7 +548,7 @@ std::string Call::describe() const {
     << options.window_size[0] << ", " << options.window_size[1] << ") softcap=" << options.softcap << " scale="
     << (options.softmax_scale ? std::to_string(*options.softmax_scale) : "default") << " backend='" << options.backend
     << "'" << (options.strict ? " strict" : "") << (options.deterministic ? " deterministic" : "")
-    << " threads=" << options.num_threads << " isa=" << (isa ? *isa : "(env)");
+    << " threads=" << options.num_threads << " sm_margin=" << options.sm_margin << " isa=" << (isa ? *isa : "(env)");
   if (alibi_rank) s << " alibi[" << (alibi_rank == 2 ? "B, Hq" : "Hq") << "]";
   if (sinks) s << " sinks";
   if (varlen) {

@@ -34,6 +34,7 @@ enum class Fault {
   max_seqlen,     // max_seqlen_q / _k below a sequence's length (or negative)
   seqused,        // seqused_k[b] outside [0, keys of sequence b]
   dsinks,         // a backward with sinks and no dsinks, or dsinks without sinks
+  sm_margin,      // Options::sm_margin below 0
   kCount
 };
 const char* fault_name(Fault f);
