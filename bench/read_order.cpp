@@ -5,6 +5,7 @@
 //   ascending   every key's 8 heads in address order (the sequential read a bandwidth test makes)
 //   blocks:N    N keys of head 0, then of head 1, ... (src/cpu/flash_decode.cpp reads a 64-key block so)
 //   per-head    all of a split's keys of one head, then the next head (one head per task)
+//   blocks:64, H heads per pass   a 64-key block H heads at a time (their rows adjacent, H x 256 bytes per key)
 // Only loads and adds: the bound each order puts on a decode, whatever its arithmetic.
 //
 //   g++ -O2 -fopenmp bench/read_order.cpp -o read_order && OMP_NUM_THREADS=2 ./read_order
@@ -44,6 +45,16 @@ __attribute__((target("avx2"))) double read(const char* k, const char* v, std::s
         for (int h = 0; h < kHeads; ++h) acc = add_row(acc, k + j * kKeyBytes + h * kRowBytes);
       for (std::size_t j = k0; j < k1; ++j)
         for (int h = 0; h < kHeads; ++h) acc = add_row(acc, v + j * kKeyBytes + h * kRowBytes);
+    } else if (order < -1) {  // blocks of 64 keys, -order heads per pass (their rows adjacent: -order x 256 bytes)
+      const int group = -order;
+      for (std::size_t jb = k0; jb < k1; jb += 64)
+        for (int h0 = 0; h0 < kHeads; h0 += group) {
+          const std::size_t je = jb + 64 < k1 ? jb + 64 : k1;
+          for (std::size_t j = jb; j < je; ++j)
+            for (int h = h0; h < h0 + group; ++h) acc = add_row(acc, k + j * kKeyBytes + h * kRowBytes);
+          for (std::size_t j = jb; j < je; ++j)
+            for (int h = h0; h < h0 + group; ++h) acc = add_row(acc, v + j * kKeyBytes + h * kRowBytes);
+        }
     } else {
       const std::size_t block = order > 0 ? static_cast<std::size_t>(order) : k1 - k0;
       for (std::size_t jb = k0; jb < k1; jb += block)
@@ -71,7 +82,7 @@ int main() {
   std::memset(k, 0, bytes);
   std::memset(v, 0, bytes);
   const std::size_t keys = bytes / kKeyBytes;
-  const int orders[] = {0, 1, 2, 4, 16, 64, 256, -1};
+  const int orders[] = {0, 1, 2, 4, 16, 64, 256, -1, -2, -4};
   float sink = 0.f;
   std::printf("threads %d; K and V of %zu keys x %d heads x %d bytes; GB/s, best of 3\n", omp_get_max_threads(), keys,
               kHeads, kRowBytes);
@@ -83,7 +94,8 @@ int main() {
     }
     if (order == 0) std::printf("  ascending      %6.1f\n", best);
     else if (order > 0) std::printf("  blocks:%-4d    %6.1f\n", order, best);
-    else std::printf("  per-head       %6.1f\n", best);
+    else if (order == -1) std::printf("  per-head       %6.1f\n", best);
+    else std::printf("  blocks:64, %d heads per pass %6.1f\n", -order, best);
   }
   std::free(k);
   std::free(v);
