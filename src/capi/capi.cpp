@@ -129,8 +129,8 @@ flashtile::Options with_variants(flashtile::Options o, const ft_variants* x, int
   o.seqused_k = optional("seqused_k", v.seqused_k, DType::int32);
   o.max_seqlen_q = v.max_seqlen_q;
   o.max_seqlen_k = v.max_seqlen_k;
-  if (v.sm_margin < 0 || v.sm_margin > INT_MAX)
-    throw InvalidArgument("sm_margin: must be >= 0 and fit an int, got " + std::to_string(v.sm_margin));
+  if (v.sm_margin < INT_MIN || v.sm_margin > INT_MAX)  // its sign is validation's to check, as every door's
+    throw InvalidArgument("sm_margin: must fit an int, got " + std::to_string(v.sm_margin));
   o.sm_margin = static_cast<int>(v.sm_margin);
   return o;
 }

@@ -79,8 +79,8 @@ class CpuFlash final : public Backend {
       k.block_k = cpu::kDecodeKeys;
       k.splits = d.splits;
       const std::string_view tiles = ks.has_bf16_tiles() ? ks.bf16_products : std::string_view{};
-      k.detail += " gqa_rows=" + std::to_string(p.group() * p.seqlen_q) + " products: " + d.products(p, tiles, ks.decode_row_dots) +
-                  " splits: " + d.reason();
+      k.detail += " gqa_rows=" + std::to_string(p.group() * p.seqlen_q) +
+                  " products: " + d.products(p, tiles, ks.decode_row_dots) + " splits: " + d.reason();
     }
     return k;
   }

@@ -389,7 +389,7 @@ bool inputs_finite(const AttnParams& p, int threads) {
     }
     return true;
   };
-  const std::int64_t bytes = 2 * (p.heads_q * p.total_q * (p.hdim + p.hdim_v) + p.heads_kv * p.total_k * (p.hdim + p.hdim_v));
+  const std::int64_t bytes = 2 * (p.heads_q * p.total_q + p.heads_kv * p.total_k) * (p.hdim + p.hdim_v);
   parallel_tasks(
       p.batch * (p.heads_q + p.heads_kv), team_for_bytes(bytes, threads), [] { return 0; },
       [&](int&, std::int64_t t) {

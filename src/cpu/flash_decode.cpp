@@ -712,9 +712,10 @@ void decode_typed(const AttnParams& p, const DecodePlan& plan, int threads) {
       });
   if (splits == 1) return;
   const std::int64_t part_bytes = p.batch * p.heads_q * p.seqlen_q * splits * (p.hdim_v + 1) * 4;
-  parallel_tasks(p.batch * p.heads_kv, team_for_bytes(part_bytes, threads), [] { return 0; }, [&](int&, std::int64_t task) {
-    merge_rows<T>(p, task / p.heads_kv, task % p.heads_kv, splits, part_data);
-  });
+  parallel_tasks(p.batch * p.heads_kv, team_for_bytes(part_bytes, threads), [] { return 0; },
+                 [&](int&, std::int64_t task) {
+                   merge_rows<T>(p, task / p.heads_kv, task % p.heads_kv, splits, part_data);
+                 });
 }
 
 }  // namespace
