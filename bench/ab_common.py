@@ -38,19 +38,26 @@ def shuffled_rounds(calls, rounds, timer, seed=0):
     return times
 
 
-def with_isa(fn, isa):
-    """fn with FLASHTILE_CPU_ISA = isa while it runs (isa None: as the process has it)."""
-    if isa is None:
+def with_env(fn, name, value):
+    """fn with the environment variable `name` = value while it runs (value None: as the process has it). The
+    library reads FLASHTILE_CPU_ISA and FLASHTILE_CPU_FORWARD on every call, so one process can time two of its
+    choices in turn."""
+    if value is None:
         return fn
 
     def call():
-        old = os.environ.get("FLASHTILE_CPU_ISA")
-        os.environ["FLASHTILE_CPU_ISA"] = isa
+        old = os.environ.get(name)
+        os.environ[name] = value
         try:
             return fn()
         finally:
             if old is None:
-                del os.environ["FLASHTILE_CPU_ISA"]
+                del os.environ[name]
             else:
-                os.environ["FLASHTILE_CPU_ISA"] = old
+                os.environ[name] = old
     return call
+
+
+def with_isa(fn, isa):
+    """fn with FLASHTILE_CPU_ISA = isa while it runs (isa None: as the process has it)."""
+    return with_env(fn, "FLASHTILE_CPU_ISA", isa)

@@ -3,7 +3,10 @@
 # every test suite.
 #   1. the "ci" preset: release build, CUDA kernels compiled (a subset that covers every kernel template)
 #      when nvcc is found; the GoogleTest suite through CTest on every CPU ISA path this machine executes
-#      (FLASHTILE_CPU_ISA forces each; the list comes from `flashtile info --isa-paths`);
+#      (FLASHTILE_CPU_ISA forces each; the list comes from `flashtile info --isa-paths`), and on each once more with
+#      every forward on the tiled forward kernel and once with every forward it can take on the decode kernel
+#      (FLASHTILE_CPU_FORWARD=tiles / decode), so that each kernel meets every forward case, not only those the
+#      automatic choice gives it (src/cpu/decode_plan.h forward_on_decode);
 #   2. `cmake --install` of that build into a temporary prefix, and the consumer project tests/consumer
 #      built against the installed package (static and shared library) and run;
 #   3. ASan + UBSan build of the CPU library and the same suite;
@@ -51,9 +54,11 @@ if [ ${#paths[@]} -eq 0 ]; then
 fi
 echo "CPU ISA paths to test: ${paths[*]}"
 for isa in "${paths[@]}"; do
-  echo "=== ctest, FLASHTILE_CPU_ISA=$isa ==="
-  FLASHTILE_CPU_ISA=$isa ctest --preset ci -j "$jobs" --no-tests=error
-  lap "ctest $isa"
+  for fwd in "" tiles decode; do
+    echo "=== ctest, FLASHTILE_CPU_ISA=$isa FLASHTILE_CPU_FORWARD=$fwd ==="
+    FLASHTILE_CPU_ISA=$isa FLASHTILE_CPU_FORWARD=$fwd ctest --preset ci -j "$jobs" --no-tests=error
+    lap "ctest $isa${fwd:+ forward=$fwd}"
+  done
 done
 
 echo "=== cmake --install and the consumer project (tests/consumer) ==="
@@ -64,9 +69,11 @@ echo "=== ASan + UBSan ==="
 cmake --preset sanitize
 cmake --build --preset sanitize -j "$jobs"
 lap "sanitize build"
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --preset sanitize -j "$jobs" --no-tests=error
-lap "sanitize ctest"
+for fwd in "" tiles decode; do
+  FLASHTILE_CPU_FORWARD=$fwd ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --preset sanitize -j "$jobs" --no-tests=error
+  lap "sanitize ctest${fwd:+ forward=$fwd}"
+done
 
 echo "=== Python package ==="
 bash scripts/ci_python.sh

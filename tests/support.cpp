@@ -404,4 +404,15 @@ void ScopedCpuIsa::set(const char* value) {
   }
 }
 
+void compare_with_oracle(const Problem& p) {
+  const Results ref = oracle(p, true);
+  const Results st = standard_attention(p, true);
+  expect_close("out", p.out.to_double(), st.out, ref.out, p.c.dtype, 0.0, st.out_score_sensitivity);
+  expect_close("lse", p.lse.to_double(), st.lse, ref.lse, p.c.dtype, score_magnitude(p));
+  const double mag = backward_magnitude(ref);
+  expect_close("dq", p.dq.to_double(), st.dq, ref.dq, p.c.dtype, mag);
+  expect_close("dk", p.dk.to_double(), st.dk, ref.dk, p.c.dtype, mag);
+  expect_close("dv", p.dv.to_double(), st.dv, ref.dv, p.c.dtype, mag);
+}
+
 }  // namespace ft_test

@@ -120,6 +120,10 @@ double backward_magnitude(const Results& ref);
 // can make far smaller. With Sk = 1 the LSE is one score: a floor of 8·eps·|LSE| was below the rounding of
 // the dot product itself, and the test failed by chance (issue 11).
 double score_magnitude(const Problem& p);
+
+// A forward and backward already run on p (out, lse, dq, dk, dv) against the float64 oracle, each within
+// expect_close's tolerance tied to standard attention in the same precision.
+void compare_with_oracle(const Problem& p);
 // Machine epsilon of the dtype.
 double eps(DType t);
 

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "support.h"
@@ -18,12 +19,22 @@ Problem small(std::mt19937_64& rng, DType dtype = DType::float32) {
   return Problem(c, rng);
 }
 
+// The forward kernel FLASHTILE_CPU_FORWARD forces (the test script runs the suite under tiles and decode), or ""
+// when the automatic rule decides (decode_plan.h forward_on_decode).
+std::string forced_forward_kernel() {
+  const char* v = std::getenv("FLASHTILE_CPU_FORWARD");
+  return v == nullptr ? "" : v;
+}
+
 TEST(Dispatch, AutoRunsCpuFlashAndSaysSo) {
   auto rng = test_rng();
-  Problem p = small(rng);
+  Case c = small(rng).c;
+  c.sq = 70;  // more query rows than one decode tile: the tiled forward kernel
+  Problem p(c, rng);
   const auto r = flashtile::forward(p.q.view(), p.k.view(), p.v.view(), p.out.view(), p.lse.view(), p.options());
+  const std::string kernel = forced_forward_kernel() == "decode" ? "cpu_flash_decode" : "cpu_flash_fwd";
   EXPECT_EQ(r.ran.backend, "cpu-flash");
-  EXPECT_EQ(r.ran.kernel, "cpu_flash_fwd");
+  EXPECT_EQ(r.ran.kernel, kernel);
   EXPECT_FALSE(r.ran.isa.empty());
   EXPECT_GT(r.ran.block_q, 0);
   EXPECT_GT(r.ran.block_k, 0);
@@ -33,8 +44,52 @@ TEST(Dispatch, AutoRunsCpuFlashAndSaysSo) {
   bool listed = false;
   for (const auto& ref : r.refused) listed = listed || ref.backend == "cpu-reference";
   EXPECT_TRUE(listed) << r.to_string();
-  EXPECT_EQ(flashtile::last_dispatch().ran.kernel, "cpu_flash_fwd");
+  EXPECT_EQ(flashtile::last_dispatch().ran.kernel, kernel);
   EXPECT_NE(r.to_string().find("cpu-flash"), std::string::npos);
+}
+
+// A forward with few query rows per KV head runs on the decode kernel, and the report says why; one whose rows do
+// not fit a decode tile, a varlen batch and a backward keep their kernels. An unknown FLASHTILE_CPU_FORWARD is
+// refused by name.
+TEST(Dispatch, FewQueryRowsPerKvHeadRunOnTheDecodeKernel) {
+  if (!forced_forward_kernel().empty()) GTEST_SKIP() << "FLASHTILE_CPU_FORWARD overrides the rule";
+  auto rng = test_rng();
+  Case c;
+  c.sq = 3;
+  c.sk = 700;
+  c.hq = 8;
+  c.hkv = 2;  // G·Sq = 12 rows per KV head
+  c.d = c.dv = 32;
+  c.causal = true;
+  Problem p(c, rng);
+  const auto r = flashtile::forward(p.q.view(), p.k.view(), p.v.view(), p.out.view(), p.lse.view(), p.options());
+  EXPECT_EQ(r.ran.kernel, "cpu_flash_decode");
+  EXPECT_GE(r.ran.splits, 1);
+  EXPECT_NE(r.ran.detail.find("12 query rows per KV head fit one decode tile"), std::string::npos) << r.ran.detail;
+  const auto back = flashtile::backward(p.q.view(), p.k.view(), p.v.view(), p.out.view(), p.dout.view(),
+                                        p.lse.view(), p.dq.view(), p.dk.view(), p.dv.view(), p.options());
+  EXPECT_EQ(back.ran.kernel, "cpu_flash_bwd");
+  compare_with_oracle(p);
+
+  c.sq = 40;  // 160 rows per KV head
+  Problem wide(c, rng);
+  EXPECT_EQ(flashtile::forward(wide.q.view(), wide.k.view(), wide.v.view(), wide.out.view(), wide.lse.view(),
+                               wide.options())
+                .ran.kernel,
+            "cpu_flash_fwd");
+
+  ::setenv("FLASHTILE_CPU_FORWARD", "fast", 1);
+  EXPECT_THROW(
+      {
+        try {
+          flashtile::forward(p.q.view(), p.k.view(), p.v.view(), p.out.view(), p.lse.view(), p.options("cpu-flash"));
+        } catch (const flashtile::Error& e) {
+          EXPECT_NE(std::string(e.what()).find("FLASHTILE_CPU_FORWARD=fast"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      flashtile::Error);
+  ::unsetenv("FLASHTILE_CPU_FORWARD");
 }
 
 TEST(Dispatch, NamedBackendRuns) {

@@ -50,6 +50,7 @@ class CpuFlash final : public Backend {
     Reasons why = host_only(p);
     try {
       cpu::select_kernels();
+      cpu::forward_kernel_choice();
     } catch (const Error& e) {
       why.emplace_back(e.what());
     }
@@ -72,7 +73,7 @@ class CpuFlash final : public Backend {
       if (p.is_backward() && ks.has_bf16_tiles())
         k.detail += " (float32 FMAs when Q, K, V or dO holds an Inf or NaN)";
     }
-    if (p.kvcache) {
+    if (p.kvcache || cpu::forward_on_decode(p, ks.has_bf16_tiles(), cpu::forward_kernel_choice())) {
       const cpu::DecodePlan d = cpu::decode_plan(p, k.threads);
       k.kernel = "cpu_flash_decode";
       k.block_q = cpu::kDecodeRows;
@@ -81,12 +82,17 @@ class CpuFlash final : public Backend {
       const std::string_view tiles = ks.has_bf16_tiles() ? ks.bf16_products : std::string_view{};
       k.detail += " gqa_rows=" + std::to_string(p.group() * p.seqlen_q) +
                   " products: " + d.products(p, tiles, ks.decode_row_dots) + " splits: " + d.reason();
+      if (!p.kvcache)
+        k.detail += cpu::forward_kernel_choice() == cpu::ForwardKernel::decode
+                        ? " (a forward, on this kernel as FLASHTILE_CPU_FORWARD=decode asks)"
+                        : " (a forward whose " + std::to_string(p.group() * p.seqlen_q) +
+                              " query rows per KV head fit one decode tile: each K/V row read once for them)";
     }
     return k;
   }
   void run(const AttnParams& p) const override {
     const cpu::KernelSet& ks = cpu::select_kernels();
-    if (p.kvcache) {
+    if (p.kvcache || cpu::forward_on_decode(p, ks.has_bf16_tiles(), cpu::forward_kernel_choice())) {
       const int threads = cpu::resolve_threads(p.num_threads);
       return ks.decode(p, cpu::decode_plan(p, threads), threads);
     }

@@ -24,6 +24,16 @@ constexpr std::int64_t kMinKeysPerSplit = 512;
 // decode_on_bf16_tiles), else in float32 on the block converted once.
 // Below it, per row: a matrix product would waste most of its rows.
 constexpr int kMatrixRows = 16;
+// The row count from which a call's products run as matrix products: kMatrixRows, but 1 (every row) in a forward
+// (flash_attn_func on this kernel, forward_on_decode below) of float32 or float16 inputs. The backward recomputes
+// S = (scale·Q)·Kᵀ with the float32 forward kernel's product, one FMA chain over the head dim per score, and its
+// P = exp(S − LSE) is exact only for an LSE formed from those very scores (flash_backward.cpp); the matrix path
+// computes them so (tile_ops.h gemm_nn on the block's Kᵀ), the per-row dot products in another order, which with
+// scores near 150 left the backward's dQ error at 0.046 against the test's bound of 0.003 (tests/test_edge.cpp,
+// rising scores). bf16 forwards already sum in their own order (bf16_tiles.h) and keep the per-row path.
+inline int matrix_rows(const detail::AttnParams& p) {
+  return !p.kvcache && p.dtype != DType::bfloat16 ? 1 : kMatrixRows;
+}
 constexpr bool decode_on_bf16_tiles(DType dtype, std::int64_t d, std::int64_t dv) {
   return dtype == DType::bfloat16 && d % 32 == 0 && dv % 32 == 0;
 }
@@ -64,10 +74,10 @@ struct DecodePlan {
   std::string products(const detail::AttnParams& p, std::string_view on_tiles, bool row_dots) const {
     const bool bf16_pieces = decode_on_bf16_tiles(p.dtype, p.hdim, p.hdim_v);
     const std::string matrix = !on_tiles.empty() && bf16_pieces ? std::string(on_tiles) : "float32 matrix";
-    if (rows_per_head < kMatrixRows)
+    if (rows_per_head < matrix_rows(p))
       return row_dots && bf16_pieces ? "per-row dot products, Q·Kᵀ on vdpbf16ps" : "per-row dot products";
     const std::int64_t tail = rows_per_head % kDecodeRows;
-    return matrix + (tail > 0 && tail < kMatrixRows ? " (a head's last " + std::to_string(tail) + " rows per row)" : "");
+    return matrix + (tail > 0 && tail < matrix_rows(p) ? " (a head's last " + std::to_string(tail) + " rows per row)" : "");
   }
 
   RowTile tile(std::int64_t b, std::int64_t index) const {
@@ -81,6 +91,30 @@ struct DecodePlan {
             static_cast<int>(std::min<std::int64_t>(kDecodeRows, rows_per_head - r0)), group};
   }
 };
+
+// The kernel of a forward (flash_attn_func, not forward_kvcache): automatic (forward_on_decode's rule), or forced
+// by FLASHTILE_CPU_FORWARD=tiles (the tiled forward kernel for every forward) or =decode (this kernel for every
+// forward it can run), which the test script uses to run the suite on each. forward_kernel_choice() reads the
+// variable (isa.cpp, beside FLASHTILE_CPU_ISA) and throws InvalidArgument on an unknown value.
+enum class ForwardKernel { automatic, tiles, decode };
+ForwardKernel forward_kernel_choice();
+
+// Whether a forward runs on this kernel. Automatic: when the query rows of each KV head, G·Sq, fit one row tile.
+// The forward kernel converts a head's K and V once per (query head, chunk of query tiles), which a few query rows
+// cannot repay (Sq = 1, GQA 32/8, 16k keys: 5-18x slower than this kernel, which reads each K/V row once for the G
+// heads, in its own dtype, and splits the keys across threads). Measured on the AVX-512 EPYC, 2 threads,
+// avx512-bf16 and avx2 sets, G·Sq = 1-128, D = 64 / 128, 2k and 16k keys, causal (bench/results/
+// cpu_forward_small_sq.md): 1.0-19x for G·Sq <= 64 but for bf16 on a set with bf16 tile products without GQA
+// (G = 1) and 16-64 rows, where the forward's tiles packed once per head ran 0.69-1.2x as fast, so those stay on the
+// forward; G·Sq = 128 ran 0.86-1.5x and stays too. Varlen batches always take the forward (this kernel addresses a
+// sequence's rows from its batch index).
+inline bool forward_on_decode(const detail::AttnParams& p, bool bf16_tiles, ForwardKernel choice) {
+  if (p.is_backward() || p.kvcache || p.is_varlen()) return false;
+  if (choice != ForwardKernel::automatic) return choice == ForwardKernel::decode;
+  const std::int64_t rows = p.group() * p.seqlen_q;
+  if (rows > kDecodeRows) return false;
+  return rows < kMatrixRows || p.group() > 1 || p.dtype != DType::bfloat16 || !bf16_tiles;
+}
 
 inline DecodePlan decode_plan(const detail::AttnParams& p, int threads) {
   DecodePlan d;

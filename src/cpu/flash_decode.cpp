@@ -473,14 +473,16 @@ void block_rows_bf16(DecodeScratch<BFloat16>& w, const RowTile& t, const detail:
 
 // One key block [k0, k0 + n) for the rows of one KV head (rows [r_begin, r_end) of the tile): scores, hook,
 // mask, online softmax, P·V.
-// kPairs: the tile's query rows and output accumulators are in pair order (attend_tile).
+// kPairs: the tile's query rows and output accumulators are in pair order (attend_tile). matrix: the products run
+// as matrix products (decode_plan.h matrix_rows), else per row.
 template <bool kPairs, class T>
 void block_rows(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPolicy& mask, int r_begin, int r_end,
-                std::int64_t k0, int n, bool partial, int d, int dv, float scale, const Lookahead<T>& ahead) {
+                std::int64_t k0, int n, bool partial, int d, int dv, float scale, bool matrix,
+                const Lookahead<T>& ahead) {
   const T* const* kp = w.kp.get();
   const T* const* vp = w.vp.get();
   if constexpr (!kPairs)
-    if (r_end - r_begin >= kMatrixRows) {
+    if (matrix) {
 #ifdef FT_BF16_TILES
       if constexpr (std::is_same_v<T, BFloat16>)
         if (decode_on_bf16_tiles(DType::bfloat16, d, dv))
@@ -544,7 +546,8 @@ void attend_tile(const AttnParams& p, DecodeScratch<T>& w, const RowTile& t, int
   const detail::MaskPolicy& mask = w.heads.front().mask;  // one sequence: one mask for every head
   const std::int64_t i0 = t.token(0), n_tok = t.token(t.per_head - 1) - i0 + 1;
 
-  const bool pairs = PairOrder::applies<T>(d, dv, t.per_head);
+  const bool matrix = t.per_head >= matrix_rows(p);
+  const bool pairs = !matrix && PairOrder::applies<T>(d, dv, t.per_head);
 #ifdef FT_BF16_TILES
   // The tile products' path (block_rows_bf16): Q's bits, and the thread's tile configuration for this tile.
   const bool bf16_tiles = decode_on_bf16_tiles(p.dtype, d, dv) && t.per_head >= kMatrixRows;
@@ -611,12 +614,12 @@ void attend_tile(const AttnParams& p, DecodeScratch<T>& w, const RowTile& t, int
 #if FT_SIMD_WIDTH
       if (pairs) {
         block_rows<true>(w, t, mask, hh * t.per_head, (hh + 1) * t.per_head, k0, n_here, partial, d, dv,
-                         p.softmax_scale, ahead);
+                         p.softmax_scale, false, ahead);
         continue;
       }
 #endif
       block_rows<false>(w, t, mask, hh * t.per_head, (hh + 1) * t.per_head, k0, n_here, partial, d, dv,
-                        p.softmax_scale, ahead);
+                        p.softmax_scale, matrix, ahead);
     }
   }
 

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/decode_plan.h"
 #include "cpu/kernels.h"
 #include "flashtile/errors.h"
 
@@ -125,6 +126,15 @@ const KernelSet& select_kernels() {
   for (const KernelSet& k : kSets)
     if (cpu_has(k.isa) && k.chosen_by_itself()) best = &k;
   return *best;
+}
+
+ForwardKernel forward_kernel_choice() {
+  const char* forced = std::getenv("FLASHTILE_CPU_FORWARD");
+  if (forced == nullptr || *forced == '\0') return ForwardKernel::automatic;
+  const std::string_view v(forced);
+  if (v == "tiles") return ForwardKernel::tiles;
+  if (v == "decode") return ForwardKernel::decode;
+  throw InvalidArgument(std::string("FLASHTILE_CPU_FORWARD=") + forced + ": unknown forward kernel; tiles or decode");
 }
 
 int resolve_threads(int num_threads) {

@@ -18,7 +18,7 @@ def test_backend_names():
 
 
 def test_last_dispatch_and_report_object(rng):
-    q, k, v = (make(rng, (1, 17, 2, 32), "float32") for _ in range(3))
+    q, k, v = (make(rng, (1, 80, 2, 32), "float32") for _ in range(3))  # 80 rows per head: the tiled forward kernel
     flashtile.flash_attn_func(q, k, v)
     r = flashtile.last_dispatch()
     assert isinstance(r, flashtile.DispatchReport)
@@ -31,6 +31,18 @@ def test_last_dispatch_and_report_object(rng):
     assert d["ran"]["backend"] == "cpu-flash" and "cpu-reference" in d["refused"]
     assert str(r).startswith("ran cpu-flash / cpu_flash_fwd")
     assert "refused cpu-reference" in str(r)
+
+
+def test_few_query_rows_run_on_the_decode_kernel(rng):
+    """A forward with few query rows per KV head (G·Sq <= 64) runs on the decode kernel (the report says so and
+    why); the result still matches the reference, and its backward runs on the backward kernel."""
+    q = make(rng, (2, 1, 8, 64), "float32")
+    k, v = (make(rng, (2, 300, 2, 64), "float32") for _ in range(2))
+    out = flashtile.flash_attn_func(q, k, v, causal=True)
+    r = flashtile.last_dispatch()
+    assert r.kernel == "cpu_flash_decode" and r.ran.splits >= 1, str(r)
+    assert "4 query rows per KV head fit one decode tile" in r.ran.detail, str(r)
+    assert max_err(out, attention(q, k, v, causal=True)[0]) < 1e-5
 
 
 def test_explain_runs_nothing(rng):
