@@ -48,9 +48,6 @@ using detail::AttnParams;
 
 #if FT_SIMD_WIDTH
 using simd::V;
-inline V load_row(const float* p) { return simd::load(p); }
-inline V load_row(const BFloat16* p) { return simd::load_bf16(reinterpret_cast<const std::uint16_t*>(p)); }
-inline V load_row(const Half* p) { return simd::load_f16(reinterpret_cast<const std::uint16_t*>(p)); }
 #endif
 
 // Rows that the next pass over a key block reads, requested a row at a time by the pass before it, so that they
@@ -351,14 +348,17 @@ void block_rows_gemm(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPo
                      std::int64_t k0, int n, bool partial, int d, int dv, const Lookahead<T>& ahead) {
   const int rows = r_end - r_begin, np = padded(n);
   float* kt = w.kt.get();
-  for (int j = 0; j < n; ++j) {
-    ahead.next_k.fetch(j);
-    ahead.next_v.fetch(j);
-    const T* kr = w.kp[j];
-    const T* vr = w.vp[j];
-    for (int c = 0; c < d; ++c) kt[c * kDecodeKeys + j] = to_float(kr[c]);
-    float* vd = w.vf.get() + static_cast<std::int64_t>(j) * w.ldv;
-    for (int c = 0; c < dv; ++c) vd[c] = to_float(vr[c]);
+  constexpr int kStep = FT_SIMD_WIDTH > 0 ? FT_SIMD_WIDTH : 8;  // keys per transpose (tile_ops.h transpose_to_float)
+  for (int j0 = 0; j0 < n; j0 += kStep) {  // a few keys at a time, their rows read while they are near
+    const int j1 = std::min(n, j0 + kStep);
+    for (int j = j0; j < j1; ++j) {
+      ahead.next_k.fetch(j);
+      ahead.next_v.fetch(j);
+      const T* vr = w.vp[j];
+      float* vd = w.vf.get() + static_cast<std::int64_t>(j) * w.ldv;
+      for (int c = 0; c < dv; ++c) vd[c] = to_float(vr[c]);
+    }
+    transpose_to_float<T>([&](int u) { return w.kp[j0 + u]; }, j1 - j0, d, kt + j0, kDecodeKeys);
   }
   for (int c = 0; c < d; ++c)  // columns past n: zeros that the padded product multiplies and nobody reads
     std::fill(kt + c * kDecodeKeys + n, kt + c * kDecodeKeys + np, 0.0f);

@@ -79,10 +79,13 @@ void convert_keys(const AttnParams& p, FwdScratch& w, std::int64_t b, std::int64
     w.conv_lo = w.conv_hi = k_lo;
   }
   auto convert = [&](std::int64_t j0, std::int64_t j1) {
+    for (std::int64_t t0 = j0; t0 < j1;) {  // Kᵀ a tile's stretch at a time (tile_ops.h transpose_to_float)
+      const std::int64_t t1 = std::min(j1, (t0 / w.bk + 1) * w.bk);
+      transpose_to_float<T>([&](int u) { return row_ptr<T>(p.k, p.k_stride, b, k_row0 + t0 + u, hk); },
+                            static_cast<int>(t1 - t0), w.d, w.kt_tile(t0) + t0 % w.bk, w.bk);
+      t0 = t1;
+    }
     for (std::int64_t j = j0; j < j1; ++j) {
-      const T* ks = row_ptr<T>(p.k, p.k_stride, b, k_row0 + j, hk);
-      float* kt = w.kt_tile(j) + j % w.bk;
-      for (int c = 0; c < w.d; ++c) kt[c * w.bk] = to_float(ks[c]);
       const T* vs = row_ptr<T>(p.v, p.v_stride, b, k_row0 + j, hk);
       float* vd = w.v.get() + j * w.ldv;
       for (int c = 0; c < w.dv; ++c) vd[c] = to_float(vs[c]);

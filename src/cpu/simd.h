@@ -142,6 +142,13 @@ inline void transpose16_epi32(__m512i* r) {
     r[12 + e] = _mm512_maskz_shuffle_i32x4(0xFFFF, x1, x3, 0xDD);
   }
 }
+// The W x W transpose of the floats whose rows are r[0..W), in place.
+inline void transpose_lanes(V* r) {
+  __m512i x[16];
+  for (int i = 0; i < 16; ++i) x[i] = _mm512_castps_si512(r[i].v);
+  transpose16_epi32(x);
+  for (int i = 0; i < 16; ++i) r[i] = {_mm512_castsi512_ps(x[i])};
+}
 // 32 bfloat16 values as two float vectors, the even-indexed ones (0, 2, ..) and the odd ones (1, 3, ..): one load
 // and one shift or mask each, where widening them in order takes a zero-extension per 16 (the decode kernel's
 // pair order, flash_decode.cpp).
@@ -181,6 +188,25 @@ inline float reduce_max(V a) {
   return _mm_cvtss_f32(s);
 }
 inline V round_nearest(V a) { return {_mm256_round_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)}; }
+// The W x W transpose of the floats whose rows are r[0..W), in place: unpacks of 32-bit elements, shuffles of their
+// pairs, then the 128-bit halves (24 shuffles).
+inline void transpose_lanes(V* r) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i].v, r[2 * i + 1].v);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i].v, r[2 * i + 1].v);
+  }
+  for (int i = 0; i < 2; ++i) {
+    u[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int e = 0; e < 4; ++e) {
+    r[e] = {_mm256_permute2f128_ps(u[e], u[4 + e], 0x20)};
+    r[4 + e] = {_mm256_permute2f128_ps(u[e], u[4 + e], 0x31)};
+  }
+}
 inline V shl23(V t) { return {_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(t.v), 23))}; }  // exp2
 inline V keep_nan(V r, V x) { return {_mm256_blendv_ps(r.v, x.v, _mm256_cmp_ps(x.v, x.v, _CMP_UNORD_Q))}; }
 inline V div(V a, V b) { return {_mm256_div_ps(a.v, b.v)}; }
