@@ -100,14 +100,14 @@ enum class ForwardKernel { automatic, tiles, decode };
 ForwardKernel forward_kernel_choice();
 
 // Whether a forward runs on this kernel. Automatic: when the query rows of each KV head, G·Sq, fit one row tile.
-// The forward kernel converts a head's K and V once per (query head, chunk of query tiles), which a few query rows
-// cannot repay (Sq = 1, GQA 32/8, 16k keys: 5-18x slower than this kernel, which reads each K/V row once for the G
-// heads, in its own dtype, and splits the keys across threads). Measured on the AVX-512 EPYC, 2 threads,
-// avx512-bf16 and avx2 sets, G·Sq = 1-128, D = 64 / 128, 2k and 16k keys, causal (bench/results/
-// cpu_forward_small_sq.md): 1.0-19x for G·Sq <= 64 but for bf16 on a set with bf16 tile products without GQA
-// (G = 1) and 16-64 rows, where the forward's tiles packed once per head ran 0.69-1.2x as fast, so those stay on the
-// forward; G·Sq = 128 ran 0.86-1.5x and stays too. Varlen batches always take the forward (this kernel addresses a
-// sequence's rows from its batch index).
+// The forward kernel converts a head's K and V once per (query head, chunk of query tiles) and gives each task one
+// thread, which a few query rows cannot repay; this kernel reads each K/V row once for the G heads, in its own dtype,
+// and splits the keys across threads. Measured on the AVX-512 EPYC, 2 threads, one process, G·Sq = 1-128, D = 64 /
+// 128, 2k and 16k keys, causal (bench/results/cpu_forward_small_sq.md): 1.3-5.2x the tiled forward at Sq = 1 and
+// with GQA, 0.88-1.6x for float32 without GQA at 16-64 rows (two runs of one kernel spread 0.83-1.06 there). bf16
+// without GQA (G = 1) on a set with bf16 tile products keeps the forward from 16 rows, where its tiles packed once
+// per head ran 0.69-1.2x as fast (the sweep before transpose_to_float); G·Sq = 128 ran 0.86-1.5x and stays on the
+// forward too. Varlen batches always take the forward (this kernel addresses a sequence's rows by its batch index).
 inline bool forward_on_decode(const detail::AttnParams& p, bool bf16_tiles, ForwardKernel choice) {
   if (p.is_backward() || p.kvcache || p.is_varlen()) return false;
   if (choice != ForwardKernel::automatic) return choice == ForwardKernel::decode;
