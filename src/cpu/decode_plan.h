@@ -24,16 +24,15 @@ constexpr std::int64_t kMinKeysPerSplit = 512;
 // decode_on_bf16_tiles), else in float32 on the block converted once.
 // Below it, per row: a matrix product would waste most of its rows.
 constexpr int kMatrixRows = 16;
-// The row count from which a call's products run as matrix products: kMatrixRows, but 1 (every row) in a forward
-// (flash_attn_func on this kernel, forward_on_decode below) of float32 or float16 inputs. The backward recomputes
-// S = (scale·Q)·Kᵀ with the float32 forward kernel's product, one FMA chain over the head dim per score, and its
-// P = exp(S − LSE) is exact only for an LSE formed from those very scores (flash_backward.cpp); the matrix path
-// computes them so (tile_ops.h gemm_nn on the block's Kᵀ), the per-row dot products in another order, which with
-// scores near 150 left the backward's dQ error at 0.046 against the test's bound of 0.003 (tests/test_edge.cpp,
-// rising scores). bf16 forwards already sum in their own order (bf16_tiles.h) and keep the per-row path.
-inline int matrix_rows(const detail::AttnParams& p) {
-  return !p.kvcache && p.dtype != DType::bfloat16 ? 1 : kMatrixRows;
-}
+// Whether the per-row path (fewer than kMatrixRows rows of a KV head) forms each score as the forward kernel's
+// product does, one FMA chain over the head dim from 0 in order (flash_decode.cpp qk_rows_chain; the matrix path
+// always does, tile_ops.h gemm_nn): in a forward (flash_attn_func on this kernel, forward_on_decode below) of float32
+// or float16 inputs. The backward recomputes S = (scale·Q)·Kᵀ by that product, and its P = exp(S − LSE) is exact
+// only for an LSE formed from those very scores (flash_backward.cpp); the per-row dot products sum in another order,
+// which with scores near 150 left the backward's dQ error at 0.018-0.046 against the test's bound of 0.001-0.003
+// (tests/test_edge.cpp, rising scores). bf16 forwards sum in their own order anyway (bf16_tiles.h) and a
+// forward_kvcache has no backward: both keep the faster dot products.
+inline bool scores_in_forward_order(const detail::AttnParams& p) { return !p.kvcache && p.dtype != DType::bfloat16; }
 constexpr bool decode_on_bf16_tiles(DType dtype, std::int64_t d, std::int64_t dv) {
   return dtype == DType::bfloat16 && d % 32 == 0 && dv % 32 == 0;
 }
@@ -74,10 +73,12 @@ struct DecodePlan {
   std::string products(const detail::AttnParams& p, std::string_view on_tiles, bool row_dots) const {
     const bool bf16_pieces = decode_on_bf16_tiles(p.dtype, p.hdim, p.hdim_v);
     const std::string matrix = !on_tiles.empty() && bf16_pieces ? std::string(on_tiles) : "float32 matrix";
-    if (rows_per_head < matrix_rows(p))
+    if (rows_per_head < kMatrixRows) {
+      if (scores_in_forward_order(p)) return "per-row products, Q·Kᵀ in the forward kernel's order";
       return row_dots && bf16_pieces ? "per-row dot products, Q·Kᵀ on vdpbf16ps" : "per-row dot products";
+    }
     const std::int64_t tail = rows_per_head % kDecodeRows;
-    return matrix + (tail > 0 && tail < matrix_rows(p) ? " (a head's last " + std::to_string(tail) + " rows per row)" : "");
+    return matrix + (tail > 0 && tail < kMatrixRows ? " (a head's last " + std::to_string(tail) + " rows per row)" : "");
   }
 
   RowTile tile(std::int64_t b, std::int64_t index) const {

@@ -129,6 +129,54 @@ void qk_rows(const float* q, int ldq, int d, const T* const* kp, int j0, int j1,
   if (j < j1) qk_rows<NR, 1, kPairs>(q, ldq, d, kp, j, j1, s, lds, ahead);
 }
 
+// qk_rows with each score formed as the forward kernel's product forms it: one FMA chain over the head dim from 0, in
+// order (tile_ops.h gemm_nn), so that a forward run here leaves the LSE the backward's recomputed scores need
+// (decode_plan.h scores_in_forward_order). W keys at a time are transposed in registers, lanes = keys, and used at
+// once: the matrix path's Kᵀ store and reload, for a few rows, cost more than the products.
+template <int NR, class T>
+void qk_rows_chain(const float* q, int ldq, int d, const T* const* kp, int j0, int j1, float* s, int lds,
+                   const Ahead<T>& ahead = {}) {
+  int j = j0;
+#if FT_SIMD_WIDTH
+  constexpr int W = simd::W;
+  for (; j + W <= j1; j += W) {
+    for (int u = 0; u < W; ++u) ahead.fetch(j + u);
+    V acc[NR];
+    for (int r = 0; r < NR; ++r) acc[r] = simd::set1(0.0f);
+    int c = 0;
+    for (; c + W <= d; c += W) {
+      V x[W];
+      for (int u = 0; u < W; ++u) x[u] = load_row(kp[j + u] + c);
+      simd::transpose_lanes(x);
+      for (int e = 0; e < W; ++e)
+        for (int r = 0; r < NR; ++r) acc[r] = simd::fma(simd::set1(q[r * ldq + c + e]), x[e], acc[r]);
+    }
+    for (; c < d; ++c) {
+      alignas(64) float col[W];
+      for (int u = 0; u < W; ++u) col[u] = to_float(kp[j + u][c]);
+      const V x = simd::load(col);
+      for (int r = 0; r < NR; ++r) acc[r] = simd::fma(simd::set1(q[r * ldq + c]), x, acc[r]);
+    }
+    for (int r = 0; r < NR; ++r) simd::store(s + r * lds + j, acc[r]);
+  }
+#endif
+  for (; j < j1; ++j) {
+    ahead.fetch(j);
+    for (int r = 0; r < NR; ++r) {
+      float a = 0.0f;
+      // As gemm_nn's element: an FMA in the SIMD sets' micro-kernel, a product and a sum in the scalar set's loop.
+      for (int c = 0; c < d; ++c) {
+#if FT_SIMD_WIDTH
+        a = std::fma(q[r * ldq + c], to_float(kp[j][c]), a);
+#else
+        a += q[r * ldq + c] * to_float(kp[j][c]);
+#endif
+      }
+      s[r * lds + j] = a;
+    }
+  }
+}
+
 #if FT_SIMD_WIDTH == 16 && defined(__AVX512BF16__) && defined(FT_BF16_PAIRS) && FT_BF16_PAIRS == 1
 #define FT_DECODE_DOTS 1
 // qk_rows for a bf16 cache on vdpbf16ps, in the avx512-bf16 set only (KernelSet::decode_row_dots; the CPUs where
@@ -473,16 +521,16 @@ void block_rows_bf16(DecodeScratch<BFloat16>& w, const RowTile& t, const detail:
 
 // One key block [k0, k0 + n) for the rows of one KV head (rows [r_begin, r_end) of the tile): scores, hook,
 // mask, online softmax, P·V.
-// kPairs: the tile's query rows and output accumulators are in pair order (attend_tile). matrix: the products run
-// as matrix products (decode_plan.h matrix_rows), else per row.
+// kPairs: the tile's query rows and output accumulators are in pair order (attend_tile). forward_order: per-row
+// scores in the forward kernel's order (decode_plan.h scores_in_forward_order).
 template <bool kPairs, class T>
 void block_rows(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPolicy& mask, int r_begin, int r_end,
-                std::int64_t k0, int n, bool partial, int d, int dv, float scale, bool matrix,
+                std::int64_t k0, int n, bool partial, int d, int dv, float scale, bool forward_order,
                 const Lookahead<T>& ahead) {
   const T* const* kp = w.kp.get();
   const T* const* vp = w.vp.get();
   if constexpr (!kPairs)
-    if (matrix) {
+    if (r_end - r_begin >= kMatrixRows) {
 #ifdef FT_BF16_TILES
       if constexpr (std::is_same_v<T, BFloat16>)
         if (decode_on_bf16_tiles(DType::bfloat16, d, dv))
@@ -501,6 +549,11 @@ void block_rows(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPolicy&
       return;
     }
 #endif
+    if (forward_order) {
+      qk_rows_chain<NR>(w.q.get() + static_cast<std::int64_t>(r) * w.ldq, w.ldq, d, kp, 0, n, s, kDecodeKeys,
+                        g == 0 ? ahead.this_v : Ahead<T>{});
+      return;
+    }
     qk_rows<NR, qk_keys(NR), kPairs>(w.q.get() + static_cast<std::int64_t>(r) * w.ldq, w.ldq, d, kp, 0, n, s,
                                          kDecodeKeys, g == 0 ? ahead.this_v : Ahead<T>{});
   });
@@ -546,8 +599,8 @@ void attend_tile(const AttnParams& p, DecodeScratch<T>& w, const RowTile& t, int
   const detail::MaskPolicy& mask = w.heads.front().mask;  // one sequence: one mask for every head
   const std::int64_t i0 = t.token(0), n_tok = t.token(t.per_head - 1) - i0 + 1;
 
-  const bool matrix = t.per_head >= matrix_rows(p);
-  const bool pairs = !matrix && PairOrder::applies<T>(d, dv, t.per_head);
+  const bool forward_order = scores_in_forward_order(p);
+  const bool pairs = !forward_order && PairOrder::applies<T>(d, dv, t.per_head);
 #ifdef FT_BF16_TILES
   // The tile products' path (block_rows_bf16): Q's bits, and the thread's tile configuration for this tile.
   const bool bf16_tiles = decode_on_bf16_tiles(p.dtype, d, dv) && t.per_head >= kMatrixRows;
@@ -619,7 +672,7 @@ void attend_tile(const AttnParams& p, DecodeScratch<T>& w, const RowTile& t, int
       }
 #endif
       block_rows<false>(w, t, mask, hh * t.per_head, (hh + 1) * t.per_head, k0, n_here, partial, d, dv,
-                        p.softmax_scale, matrix, ahead);
+                        p.softmax_scale, forward_order, ahead);
     }
   }
 
