@@ -99,6 +99,19 @@ std::vector<VarCase> variant_cases() {
     c.causal = true;
     add(c);
   }
+  {  // few query rows per KV head (G·Sq <= 64): the forward runs on the decode kernel (decode_plan.h
+     // forward_on_decode), which then addresses packed rows and drops a shorter sequence's missing ones
+    VarCase c;
+    c.label = "varlen_few_rows_decode_kernel";
+    c.lens_q = {1, 3, 0, 2};
+    c.lens_k = {300, 5, 40, 0};
+    c.hq = 8;
+    c.hkv = 2;
+    c.causal = true;
+    c.window = {100, 0};
+    c.sinks = true;
+    add(c);
+  }
   {  // seqused_k: a varlen batch and a batched call that use fewer keys than they hold
     VarCase c;
     c.label = "varlen_seqused_k_window";

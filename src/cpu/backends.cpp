@@ -56,7 +56,8 @@ class CpuFlash final : public Backend {
     }
     return why;
   }
-  KernelInfo plan(const AttnParams& p) const override {
+  KernelInfo plan(const AttnParams& given) const override {
+    const AttnParams p = longest_sequences(given);  // what run() plans with
     const cpu::KernelSet& ks = cpu::select_kernels();
     const cpu::TileConfig t = tiles(p, ks);
     KernelInfo k;
@@ -92,20 +93,18 @@ class CpuFlash final : public Backend {
   }
   void run(const AttnParams& p) const override {
     const cpu::KernelSet& ks = cpu::select_kernels();
-    if (p.kvcache || cpu::forward_on_decode(p, ks.has_bf16_tiles(), cpu::forward_kernel_choice())) {
-      const int threads = cpu::resolve_threads(p.num_threads);
-      return ks.decode(p, cpu::decode_plan(p, threads), threads);
-    }
-    const cpu::TileConfig t = tiles(p, ks);
     const int threads = cpu::resolve_threads(p.num_threads);
     const AttnParams sized = longest_sequences(p);
-    (p.is_backward() ? ks.backward : ks.forward)(sized, t, threads);
+    if (p.kvcache || cpu::forward_on_decode(sized, ks.has_bf16_tiles(), cpu::forward_kernel_choice()))
+      return ks.decode(sized, cpu::decode_plan(sized, threads), threads);
+    (p.is_backward() ? ks.backward : ks.forward)(sized, tiles(p, ks), threads);
   }
 
  private:
-  // In a varlen call the kernels size their scratch (a K/V cache linear in Sk) and their tile loops by
-  // seqlen_q / seqlen_k: there the longest sequences' lengths (validation checked that max_seqlen_q / _k bound
-  // them, and a caller's generous bound need not cost memory).
+  // In a varlen call the kernels size their scratch (a K/V cache linear in Sk) and their tile loops by seqlen_q /
+  // seqlen_k, and the decode kernel's rule and plan count rows and keys by them: there the longest sequences'
+  // lengths (validation checked that max_seqlen_q / _k bound them, and a caller's generous bound need not cost
+  // memory).
   static AttnParams longest_sequences(const AttnParams& p) {
     AttnParams s = p;
     if (!p.is_varlen()) return s;

@@ -108,9 +108,10 @@ ForwardKernel forward_kernel_choice();
 // with GQA, 0.88-1.6x for float32 without GQA at 16-64 rows (two runs of one kernel spread 0.83-1.06 there). bf16
 // without GQA (G = 1) on a set with bf16 tile products keeps the forward from 16 rows, where its tiles packed once
 // per head ran 0.69-1.2x as fast (the sweep before transpose_to_float); G·Sq = 128 ran 0.86-1.5x and stays on the
-// forward too. Varlen batches always take the forward (this kernel addresses a sequence's rows by its batch index).
+// forward too. In a varlen batch G·Sq counts the longest sequence's query rows (flash_decode.cpp attend_tile drops a
+// shorter one's missing rows).
 inline bool forward_on_decode(const detail::AttnParams& p, bool bf16_tiles, ForwardKernel choice) {
-  if (p.is_backward() || p.kvcache || p.is_varlen()) return false;
+  if (p.is_backward() || p.kvcache) return false;
   if (choice != ForwardKernel::automatic) return choice == ForwardKernel::decode;
   const std::int64_t rows = p.group() * p.seqlen_q;
   if (rows > kDecodeRows) return false;

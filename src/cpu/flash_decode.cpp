@@ -592,7 +592,13 @@ struct PairOrder {
 };
 
 template <class T>
-void attend_tile(const AttnParams& p, DecodeScratch<T>& w, const RowTile& t, int split, int splits, float* parts) {
+void attend_tile(const AttnParams& p, DecodeScratch<T>& w, RowTile t, int split, int splits, float* parts) {
+  // A forward's varlen sequence (forward_on_decode) starts at rows q_row0 / k_row0 of the packed tensors, and one
+  // shorter than the longest has fewer query rows than the tile was planned for: the packed rows of the tokens it
+  // lacks (past seqlen_q · G) are dropped. In a forward_kvcache both rows are 0 and every sequence has Sq tokens.
+  const detail::SeqInfo seq = detail::sequence(p, t.b);
+  t.per_head = static_cast<int>(std::clamp<std::int64_t>(seq.seqlen_q * t.group - t.r0, 0, t.per_head));
+  if (t.per_head == 0) return;
   const int d = static_cast<int>(p.hdim), dv = static_cast<int>(p.hdim_v), rows = t.rows();
   w.heads.clear();
   for (int r = 0; r < rows; ++r) w.heads.emplace_back(p, t.b, t.head(r));
@@ -607,7 +613,7 @@ void attend_tile(const AttnParams& p, DecodeScratch<T>& w, const RowTile& t, int
 #endif
   for (int r = 0; r < rows; ++r) {
     float* dst = w.q.get() + static_cast<std::int64_t>(r) * w.ldq;
-    const T* src = row_ptr<T>(p.q, p.q_stride, t.b, t.token(r), t.head(r));
+    const T* src = row_ptr<T>(p.q, p.q_stride, t.b, seq.q_row0 + t.token(r), t.head(r));
     for (int c = 0; c < d; ++c) dst[pairs ? PairOrder::slot(c) : c] = to_float(src[c]) * p.softmax_scale;
 #ifdef FT_BF16_TILES
     if (bf16_tiles || (FT_DECODE_DOTS && pairs))  // the tile products' Q, or qk_rows_dots'
@@ -629,7 +635,7 @@ void attend_tile(const AttnParams& p, DecodeScratch<T>& w, const RowTile& t, int
   const auto gather = [&](std::int64_t k0, int half) {
     const int n = static_cast<int>(std::min<std::int64_t>(kDecodeKeys, keys.end - k0));
     for (int j = 0; j < n; ++j) {
-      const detail::KvRow o = detail::kv_row(p, t.b, k0 + j);
+      const detail::KvRow o = detail::kv_row(p, t.b, seq.k_row0 + k0 + j);
       w.koff[half * kDecodeKeys + j] = o.k;
       w.voff[half * kDecodeKeys + j] = o.v;
     }
@@ -692,9 +698,10 @@ void attend_tile(const AttnParams& p, DecodeScratch<T>& w, const RowTile& t, int
     const float inv = empty ? 0.0f : 1.0f / l, lse = empty ? kNegInf : m + std::log(l);
     const std::int64_t i = t.token(r), h = t.head(r);
     if (splits == 1) {
-      T* o = row_ptr<T>(p.out, p.out_stride, t.b, i, h);
+      const std::int64_t row = seq.q_row0 + i;
+      T* o = row_ptr<T>(p.out, p.out_stride, t.b, row, h);
       for (int c = 0; c < dv; ++c) o[c] = from_float<T>(empty ? 0.0f : ar[c] * inv);
-      if (p.lse != nullptr) p.lse[t.b * p.lse_stride.batch + h * p.lse_stride.head + i * p.lse_stride.row] = lse;
+      if (p.lse != nullptr) p.lse[t.b * p.lse_stride.batch + h * p.lse_stride.head + row * p.lse_stride.row] = lse;
       continue;
     }
     float* part = parts + (((t.b * p.heads_q + h) * p.seqlen_q + i) * splits + split) * (dv + 1);
@@ -710,8 +717,9 @@ template <class T>
 void merge_rows(const AttnParams& p, std::int64_t b, std::int64_t hk, int splits, const float* parts) {
   const int dv = static_cast<int>(p.hdim_v);
   const std::int64_t g = p.group();
+  const detail::SeqInfo seq = detail::sequence(p, b);  // (attend_tile: a varlen forward's rows)
   for (std::int64_t h = hk * g; h < (hk + 1) * g; ++h)
-    for (std::int64_t i = 0; i < p.seqlen_q; ++i) {
+    for (std::int64_t i = 0; i < seq.seqlen_q; ++i) {
       const float* part = parts + ((b * p.heads_q + h) * p.seqlen_q + i) * splits * (dv + 1);
       const float lse = detail::merged_lse([&](int s) { return part[s * (dv + 1) + dv]; }, splits);
       // Split by split over the whole row (the sum of each column in split order, as a column-by-column loop would
@@ -723,9 +731,10 @@ void merge_rows(const AttnParams& p, std::int64_t b, std::int64_t hk, int splits
         const float* ps = part + s * (dv + 1);
         for (int c = 0; c < dv; ++c) acc[c] += w * ps[c];
       }
-      T* o = row_ptr<T>(p.out, p.out_stride, b, i, h);
+      const std::int64_t row = seq.q_row0 + i;
+      T* o = row_ptr<T>(p.out, p.out_stride, b, row, h);
       for (int c = 0; c < dv; ++c) o[c] = from_float<T>(acc[c]);
-      if (p.lse != nullptr) p.lse[b * p.lse_stride.batch + h * p.lse_stride.head + i * p.lse_stride.row] = lse;
+      if (p.lse != nullptr) p.lse[b * p.lse_stride.batch + h * p.lse_stride.head + row * p.lse_stride.row] = lse;
     }
 }
 
