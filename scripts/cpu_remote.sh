@@ -9,7 +9,8 @@
 # `run` forces each kernel set the CPU executes (FLASHTILE_CPU_ISA) through the whole CPU test suite, then runs
 # bench/cpu_matrix.py once per count in FT_CPU_CORES (default "2"), that many threads pinned to as many CPUs on
 # different physical cores (FT_CPU_BENCH_ARGS, default "--bf16"; FT_CPU_BENCH=0 skips it; FT_CPU_TESTS=0 skips
-# the tests). Logs and the table go to
+# the tests; the suite runs as dispatched and under FLASHTILE_CPU_FORWARD=tiles and =decode, FT_CPU_FORWARDS picks;
+# FT_CPU_SMALLSQ=1 adds bench/cpu_small_sq.py, FT_CPU_SMALLSQ_ARGS its arguments). Logs and the table go to
 # $OUT/cpu. The benchmark times FlashTile beside torch's SDPA in one Python process (the GPU machine's own torch,
 # FT_CPU_PYTHON, default python3), through the C ABI library that `pack` links here (libflashtile_capi_cpu.so).
 # What a device call must carry: .carry/cpu (about 6 MiB: binaries, the C ABI library, OpenBLAS compressed).
@@ -54,11 +55,13 @@ run() {
   grep "BLAS" "$out/info.txt" >> "$summary"
   [[ ${FT_CPU_TESTS:-1} == 1 ]] || isas=""
   for isa in ${FT_CPU_ISAS:-$isas}; do
-    local t0=$(date +%s)
-    FLASHTILE_CPU_ISA=$isa timeout 300 "$CARRY/tests/flashtile_tests" --gtest_brief=1 --gtest_filter="${FT_CPU_FILTER:-*}" \
-      > "$out/tests-$isa.log" 2>&1
-    echo "TESTS $isa: rc=$? $(grep -E '^\[ +(PASSED|FAILED|SKIPPED) +\]' "$out/tests-$isa.log" | tr '\n' ' ')($(( $(date +%s) - t0 )) s)" >> "$summary"
-    grep -E '^\[  FAILED  \]' "$out/tests-$isa.log" | head -20 >> "$summary"
+    for fwd in ${FT_CPU_FORWARDS:-auto tiles decode}; do  # as scripts/test.sh: each forward kernel on every case
+      local t0=$(date +%s) log="$out/tests-$isa-$fwd.log"
+      FLASHTILE_CPU_ISA=$isa FLASHTILE_CPU_FORWARD=${fwd#auto} timeout 300 "$CARRY/tests/flashtile_tests" \
+        --gtest_brief=1 --gtest_filter="${FT_CPU_FILTER:-*}" > "$log" 2>&1
+      echo "TESTS $isa $fwd: rc=$? $(grep -E '^\[ +(PASSED|FAILED|SKIPPED) +\]' "$log" | tr '\n' ' ')($(( $(date +%s) - t0 )) s)" >> "$summary"
+      grep -E '^\[  FAILED  \]' "$log" | head -20 >> "$summary"
+    done
   done
   if [[ ${FT_CPU_BENCH:-1} == 1 ]]; then
     rm -rf build/cpu-remote && mkdir -p build/cpu-remote && cp -r "$CARRY/apps" "$CARRY/bench" build/cpu-remote/
@@ -70,6 +73,16 @@ run() {
         --name "cpu_xeon_torch_${n}c" --threads "$n" ${FT_CPU_BENCH_ARGS:---bf16} > "$out/bench-${n}c.log" 2>&1
       echo "BENCH ${n} cores: rc=$? on CPUs $cpus ($(( $(date +%s) - t0 )) s)" >> "$summary"
     done
+  fi
+  if [[ ${FT_CPU_SMALLSQ:-0} == 1 ]]; then  # bench/cpu_small_sq.py, pinned to FT_CPU_CORES' first count
+    local cores=${FT_CPU_CORES:-2} cpus t0=$(date +%s)
+    local n=${cores%% *}
+    n=${n:-2}
+    cpus=$(distinct_cores "$n")
+    OMP_NUM_THREADS=$n timeout "${FT_CPU_BENCH_TIMEOUT:-400}" taskset -c "$cpus" "${FT_CPU_PYTHON:-python3}" \
+      bench/cpu_small_sq.py --lib "$PWD/$CARRY/libflashtile_capi_cpu.so" ${FT_CPU_SMALLSQ_ARGS:-} \
+      --out "$out/cpu_small_sq_${n}c" > "$out/small-sq-${n}c.log" 2>&1
+    echo "SMALL-SQ ${n} cores: rc=$? on CPUs $cpus ($(( $(date +%s) - t0 )) s)" >> "$summary"
   fi
   cat "$summary"
 }
