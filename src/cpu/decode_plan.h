@@ -104,8 +104,8 @@ ForwardKernel forward_kernel_choice();
 // The forward kernel converts a head's K and V once per (query head, chunk of query tiles) and gives each task one
 // thread, which a few query rows cannot repay; this kernel reads each K/V row once for the G heads, in its own dtype,
 // and splits the keys across threads. Measured on the AVX-512 EPYC, 2 threads, one process, G·Sq = 1-128, D = 64 /
-// 128, 2k and 16k keys, causal (bench/results/cpu_forward_small_sq.md): 1.3-5.2x the tiled forward at Sq = 1 and
-// with GQA, 0.88-1.6x for float32 without GQA at 16-64 rows (two runs of one kernel spread 0.83-1.06 there). bf16
+// 128, 2k and 16k keys, causal (bench/results/cpu_forward_small_sq.md): 1.33-5.6x the tiled forward at Sq = 1 and
+// with GQA, 0.90-1.95x for float32 without GQA at 16-64 rows (two runs of one kernel spread 0.83-1.06 there). bf16
 // without GQA (G = 1) on a set with bf16 tile products keeps the forward from 16 rows, where its tiles packed once
 // per head ran 0.69-1.2x as fast (the sweep before transpose_to_float); G·Sq = 128 ran 0.86-1.5x and stays on the
 // forward too. In a varlen batch G·Sq counts the longest sequence's query rows (flash_decode.cpp attend_tile drops a
