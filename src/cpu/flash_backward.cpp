@@ -305,14 +305,15 @@ void key_tile(Shared& sh, BwdScratch& w, std::int64_t b, std::int64_t hk, std::i
   const int ldd = w.ldd, ldv = w.ldv, ldk = w.ldk, lds = w.lds;
   PhaseTimer clock(g_phases);
 
+  const auto k_row = [&](int j) { return row_ptr<T>(p.k, p.k_stride, b, seq.k_row0 + k0 + j, hk); };
+  const auto v_row = [&](int j) { return row_ptr<T>(p.v, p.v_stride, b, seq.k_row0 + k0 + j, hk); };
   for (int j = 0; j < n; ++j) {
-    const T* ks = row_ptr<T>(p.k, p.k_stride, b, seq.k_row0 + k0 + j, hk);
-    const T* vs = row_ptr<T>(p.v, p.v_stride, b, seq.k_row0 + k0 + j, hk);
+    const T* ks = k_row(j);
     float* kf = w.kf.get() + static_cast<std::int64_t>(j) * ldd;
     for (int c = 0; c < d; ++c) kf[c] = to_float(ks[c]);
-    for (int c = 0; c < d; ++c) w.kt[static_cast<std::int64_t>(c) * ldk + j] = kf[c];
-    for (int c = 0; c < dv; ++c) w.vt[static_cast<std::int64_t>(c) * ldk + j] = to_float(vs[c]);
   }
+  transpose_to_float<T>(k_row, n, d, w.kt.get(), ldk);  // Kᵀ and Vᵀ W x W through registers (tile_ops.h)
+  transpose_to_float<T>(v_row, n, dv, w.vt.get(), ldk);
   if (npad > n) {  // a short last tile: zero the transposed tiles' columns up to the padded width
     for (int c = 0; c < d; ++c) std::fill_n(w.kt.get() + static_cast<std::int64_t>(c) * ldk + n, npad - n, 0.0f);
     for (int c = 0; c < dv; ++c) std::fill_n(w.vt.get() + static_cast<std::int64_t>(c) * ldk + n, npad - n, 0.0f);
