@@ -284,10 +284,12 @@ void pv_rows(const float* p, int ldp, const T* const* vp, int j0, int j1, int dv
     }
 }
 
-// Runs f.template operator()<NR>(r0) over rows [0, rows) in groups of up to 4.
-template <class F>
+// Runs f.template operator()<NR>(r0) over rows [0, rows) in groups of up to 4, or up to 8 (kEight).
+template <bool kEight = false, class F>
 void row_groups(int rows, F&& f) {
   int r = 0;
+  if constexpr (kEight)
+    for (; r + 8 <= rows; r += 8) f.template operator()<8>(r);
   for (; r + 4 <= rows; r += 4) f.template operator()<4>(r);
   switch (rows - r) {
     case 3: f.template operator()<3>(r); break;
@@ -539,6 +541,14 @@ void block_rows(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPolicy&
       (void)scale;
       return block_rows_gemm(w, t, mask, r_begin, r_end, k0, n, partial, d, dv, ahead);
     }
+  if (forward_order) {  // up to 8 rows per transposed K block where AVX-512's 32 registers hold them
+    row_groups<FT_SIMD_WIDTH == 16>(r_end - r_begin, [&]<int NR>(int g) {
+      const int r = r_begin + g;
+      qk_rows_chain<NR>(w.q.get() + static_cast<std::int64_t>(r) * w.ldq, w.ldq, d, kp, 0, n,
+                        w.s.get() + static_cast<std::int64_t>(r) * kDecodeKeys, kDecodeKeys,
+                        g == 0 ? ahead.this_v : Ahead<T>{});
+    });
+  } else {
   row_groups(r_end - r_begin, [&]<int NR>(int g) {
     const int r = r_begin + g;
     float* s = w.s.get() + static_cast<std::int64_t>(r) * kDecodeKeys;
@@ -549,14 +559,10 @@ void block_rows(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPolicy&
       return;
     }
 #endif
-    if (forward_order) {
-      qk_rows_chain<NR>(w.q.get() + static_cast<std::int64_t>(r) * w.ldq, w.ldq, d, kp, 0, n, s, kDecodeKeys,
-                        g == 0 ? ahead.this_v : Ahead<T>{});
-      return;
-    }
     qk_rows<NR, qk_keys(NR), kPairs>(w.q.get() + static_cast<std::int64_t>(r) * w.ldq, w.ldq, d, kp, 0, n, s,
                                          kDecodeKeys, g == 0 ? ahead.this_v : Ahead<T>{});
   });
+  }
   softmax_rows(w, t, mask, r_begin, r_end, k0, n, partial, dv);
   if (!partial) {
     row_groups(r_end - r_begin, [&]<int NR>(int g) {

@@ -90,21 +90,25 @@ inline V load_bf16(const std::uint16_t* p) {
 inline V load_f16(const std::uint16_t* p) { return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))}; }
 // The sixteen horizontal reductions of a[0..16) by op (add or max) as one vector, lane i = op over a[i]'s lanes:
 // pairs of vectors halve per level (in-lane unpacks twice, then 128-bit blocks twice), 45 instructions where
-// sixteen reduce_add take 128 (the decode kernel's dot products, the forward's row maxima and sums).
+// sixteen reduce_add take 128 (the decode kernel's dot products, the forward's row maxima and sums). The shuffles
+// are the all-ones zero-masked forms, as in transpose16_epi32 below: GCC 12's plain ones trip -Werror=uninitialized once
+// the function is emitted out of line (it was, in flash_decode.cpp, when qk_rows_chain's 8-row groups were added).
 template <class Op>
 inline V reduce_lanes(const V* a, Op op) {
   V s[8], t[4], u[2];
   for (int i = 0; i < 8; ++i)  // per 128-bit block: [a0, a1, a0, a1] partial results of a[2i], a[2i+1]
-    s[i] = op(V{_mm512_unpacklo_ps(a[2 * i].v, a[2 * i + 1].v)}, V{_mm512_unpackhi_ps(a[2 * i].v, a[2 * i + 1].v)});
+    s[i] = op(V{_mm512_maskz_unpacklo_ps(0xFFFF, a[2 * i].v, a[2 * i + 1].v)},
+              V{_mm512_maskz_unpackhi_ps(0xFFFF, a[2 * i].v, a[2 * i + 1].v)});
   for (int i = 0; i < 4; ++i) {  // per block: [a0, a1, a2, a3] of a[4i ..]
     const __m512d x = _mm512_castps_pd(s[2 * i].v), y = _mm512_castps_pd(s[2 * i + 1].v);
-    t[i] = op(V{_mm512_castpd_ps(_mm512_unpacklo_pd(x, y))}, V{_mm512_castpd_ps(_mm512_unpackhi_pd(x, y))});
+    t[i] = op(V{_mm512_castpd_ps(_mm512_maskz_unpacklo_pd(0xFF, x, y))},
+              V{_mm512_castpd_ps(_mm512_maskz_unpackhi_pd(0xFF, x, y))});
   }
   for (int i = 0; i < 2; ++i)  // blocks 0 + 1 and 2 + 3 of t[2i], then of t[2i + 1]
-    u[i] = op(V{_mm512_shuffle_f32x4(t[2 * i].v, t[2 * i + 1].v, _MM_SHUFFLE(2, 0, 2, 0))},
-              V{_mm512_shuffle_f32x4(t[2 * i].v, t[2 * i + 1].v, _MM_SHUFFLE(3, 1, 3, 1))});
-  return op(V{_mm512_shuffle_f32x4(u[0].v, u[1].v, _MM_SHUFFLE(2, 0, 2, 0))},
-            V{_mm512_shuffle_f32x4(u[0].v, u[1].v, _MM_SHUFFLE(3, 1, 3, 1))});
+    u[i] = op(V{_mm512_maskz_shuffle_f32x4(0xFFFF, t[2 * i].v, t[2 * i + 1].v, _MM_SHUFFLE(2, 0, 2, 0))},
+              V{_mm512_maskz_shuffle_f32x4(0xFFFF, t[2 * i].v, t[2 * i + 1].v, _MM_SHUFFLE(3, 1, 3, 1))});
+  return op(V{_mm512_maskz_shuffle_f32x4(0xFFFF, u[0].v, u[1].v, _MM_SHUFFLE(2, 0, 2, 0))},
+            V{_mm512_maskz_shuffle_f32x4(0xFFFF, u[0].v, u[1].v, _MM_SHUFFLE(3, 1, 3, 1))});
 }
 // out[2i] = a[i], out[2i + 1] = b[i] for i < 32 (16-bit elements): two rows as the pairs of a bf16 tile product's
 // operand, one two-source permute per 32 outputs.
