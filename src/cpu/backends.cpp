@@ -74,7 +74,8 @@ class CpuFlash final : public Backend {
       if (p.is_backward() && ks.has_bf16_tiles())
         k.detail += " (float32 FMAs when Q, K, V or dO holds an Inf or NaN)";
     }
-    if (p.kvcache || cpu::forward_on_decode(p, ks.has_bf16_tiles(), cpu::forward_kernel_choice())) {
+    const cpu::ForwardKernel choice = cpu::forward_kernel_choice();
+    if (on_decode(p, ks, choice)) {
       const cpu::DecodePlan d = cpu::decode_plan(p, k.threads);
       k.kernel = "cpu_flash_decode";
       k.block_q = cpu::kDecodeRows;
@@ -84,7 +85,7 @@ class CpuFlash final : public Backend {
       k.detail += " gqa_rows=" + std::to_string(p.group() * p.seqlen_q) +
                   " products: " + d.products(p, tiles, ks.decode_row_dots) + " splits: " + d.reason();
       if (!p.kvcache)
-        k.detail += cpu::forward_kernel_choice() == cpu::ForwardKernel::decode
+        k.detail += choice == cpu::ForwardKernel::decode
                         ? " (a forward, on this kernel as FLASHTILE_CPU_FORWARD=decode asks)"
                         : " (a forward whose " + std::to_string(p.group() * p.seqlen_q) +
                               " query rows per KV head fit one decode tile: each K/V row read once for them)";
@@ -95,12 +96,17 @@ class CpuFlash final : public Backend {
     const cpu::KernelSet& ks = cpu::select_kernels();
     const int threads = cpu::resolve_threads(p.num_threads);
     const AttnParams sized = longest_sequences(p);
-    if (p.kvcache || cpu::forward_on_decode(sized, ks.has_bf16_tiles(), cpu::forward_kernel_choice()))
+    if (on_decode(sized, ks, cpu::forward_kernel_choice()))
       return ks.decode(sized, cpu::decode_plan(sized, threads), threads);
     (p.is_backward() ? ks.backward : ks.forward)(sized, tiles(p, ks), threads);
   }
 
  private:
+  // Whether the call (sized by longest_sequences) runs on the decode kernel: every forward_kvcache, and the forwards
+  // of cpu::forward_on_decode's rule. plan() and run() both ask here.
+  static bool on_decode(const AttnParams& sized, const cpu::KernelSet& ks, cpu::ForwardKernel choice) {
+    return sized.kvcache || cpu::forward_on_decode(sized, ks.has_bf16_tiles(), choice);
+  }
   // In a varlen call the kernels size their scratch (a K/V cache linear in Sk) and their tile loops by seqlen_q /
   // seqlen_k, and the decode kernel's rule and plan count rows and keys by them: there the longest sequences'
   // lengths (validation checked that max_seqlen_q / _k bound them, and a caller's generous bound need not cost

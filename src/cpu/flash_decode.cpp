@@ -549,19 +549,19 @@ void block_rows(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPolicy&
                         g == 0 ? ahead.this_v : Ahead<T>{});
     });
   } else {
-  row_groups(r_end - r_begin, [&]<int NR>(int g) {
-    const int r = r_begin + g;
-    float* s = w.s.get() + static_cast<std::int64_t>(r) * kDecodeKeys;
+    row_groups(r_end - r_begin, [&]<int NR>(int g) {
+      const int r = r_begin + g;
+      float* s = w.s.get() + static_cast<std::int64_t>(r) * kDecodeKeys;
 #if FT_DECODE_DOTS
-    if constexpr (kPairs && std::is_same_v<T, BFloat16>) {  // PairOrder: d a multiple of 32
-      qk_rows_dots<NR, qk_keys(NR)>(w.q16.get() + static_cast<std::int64_t>(r) * d, d, d, kp, 0, n, s, kDecodeKeys,
-                                    scale, g == 0 ? ahead.this_v : Ahead<T>{});
-      return;
-    }
+      if constexpr (kPairs && std::is_same_v<T, BFloat16>) {  // PairOrder: d a multiple of 32
+        qk_rows_dots<NR, qk_keys(NR)>(w.q16.get() + static_cast<std::int64_t>(r) * d, d, d, kp, 0, n, s,
+                                      kDecodeKeys, scale, g == 0 ? ahead.this_v : Ahead<T>{});
+        return;
+      }
 #endif
-    qk_rows<NR, qk_keys(NR), kPairs>(w.q.get() + static_cast<std::int64_t>(r) * w.ldq, w.ldq, d, kp, 0, n, s,
-                                         kDecodeKeys, g == 0 ? ahead.this_v : Ahead<T>{});
-  });
+      qk_rows<NR, qk_keys(NR), kPairs>(w.q.get() + static_cast<std::int64_t>(r) * w.ldq, w.ldq, d, kp, 0, n, s,
+                                       kDecodeKeys, g == 0 ? ahead.this_v : Ahead<T>{});
+    });
   }
   softmax_rows(w, t, mask, r_begin, r_end, k0, n, partial, dv);
   if (!partial) {
