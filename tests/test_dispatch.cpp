@@ -92,6 +92,30 @@ TEST(Dispatch, FewQueryRowsPerKvHeadRunOnTheDecodeKernel) {
   ::unsetenv("FLASHTILE_CPU_FORWARD");
 }
 
+// Keys too few to split across the threads: the decode kernel splits the row tile's heads instead, so 8 heads of
+// one query row over 300 keys are 4 tasks for 2 threads, not one task on one thread; the result (and the
+// backward's, which needs the forward's LSE) still matches.
+TEST(Dispatch, ShortKeysSplitTheHeadsAcrossThreads) {
+  if (forced_forward_kernel() == "tiles") GTEST_SKIP() << "FLASHTILE_CPU_FORWARD=tiles: no decode kernel";
+  auto rng = test_rng();
+  Case c;
+  c.sk = 300;
+  c.hq = c.hkv = 8;
+  c.d = c.dv = 32;
+  Problem p(c, rng);
+  flashtile::Options o = p.options();
+  o.num_threads = 2;
+  const auto r = flashtile::forward(p.q.view(), p.k.view(), p.v.view(), p.out.view(), p.lse.view(), o);
+  ASSERT_EQ(r.ran.kernel, "cpu_flash_decode");
+  EXPECT_EQ(r.ran.splits, 1);
+  EXPECT_NE(r.ran.detail.find("auto: 4 (sequence, row tile) tasks (2 KV heads per row tile) for 2 threads"),
+            std::string::npos)
+      << r.ran.detail;
+  flashtile::backward(p.q.view(), p.k.view(), p.v.view(), p.out.view(), p.dout.view(), p.lse.view(), p.dq.view(),
+                      p.dk.view(), p.dv.view(), o);
+  compare_with_oracle(p);
+}
+
 TEST(Dispatch, NamedBackendRuns) {
   auto rng = test_rng();
   Problem p = small(rng);

@@ -64,8 +64,10 @@ struct DecodePlan {
   // Why this many splits, for the dispatch report (built only there: run() plans without formatting text).
   std::string reason() const {
     if (given) return "num_splits as given";
-    return "auto: " + std::to_string(tasks) + " (sequence, row tile) tasks for " + std::to_string(threads) +
-           " threads, up to " + std::to_string(keys) + " keys";
+    const std::string per = tiles_per_head > 1 ? std::to_string(tiles_per_head) + " row tiles per KV head"
+                                               : std::to_string(heads_per_tile) + " KV heads per row tile";
+    return "auto: " + std::to_string(tasks) + " (sequence, row tile) tasks (" + per + ") for " +
+           std::to_string(threads) + " threads, up to " + std::to_string(keys) + " keys";
   }
 
   // How the tiles' products run, for the dispatch report (on_tiles: the kernel set's bf16 tile products, empty if
@@ -143,8 +145,17 @@ inline DecodePlan decode_plan(const detail::AttnParams& p, int threads) {
   // Enough tasks for every thread twice over (dynamic scheduling evens out unequal lengths), without splits
   // shorter than kMinKeysPerSplit keys.
   const std::int64_t most = std::clamp<std::int64_t>((p.seqlen_k + kMinKeysPerSplit - 1) / kMinKeysPerSplit, 1, 256);
-  const std::int64_t want = (2 * static_cast<std::int64_t>(threads) + work - 1) / work;
-  d.splits = static_cast<int>(std::clamp<std::int64_t>(want, 1, most));
+  const std::int64_t wanted = 2 * static_cast<std::int64_t>(threads);
+  d.splits = static_cast<int>(std::clamp<std::int64_t>((wanted + work - 1) / work, 1, most));
+  // Keys too few to split that far (a short cache, or a forward's short K/V): the tile's heads are split instead,
+  // which needs no merge. Without it, 32 heads of one row over 256-512 keys ran as one task on one thread
+  // (float32, D = 64 / 128, 2 threads: 0.45-0.6x torch's SDPA, which spreads heads over threads).
+  if (d.tiles_per_head == 1 && d.heads_per_tile > 1 && work * d.splits < wanted) {
+    const std::int64_t tiles_wanted = (wanted + p.batch * d.splits - 1) / std::max<std::int64_t>(p.batch * d.splits, 1);
+    d.heads_per_tile = std::max<std::int64_t>(1, (p.heads_kv + tiles_wanted - 1) / tiles_wanted);
+    d.tiles = (p.heads_kv + d.heads_per_tile - 1) / d.heads_per_tile;
+    d.tasks = std::max<std::int64_t>(1, p.batch * d.tiles);
+  }
   return d;
 }
 
