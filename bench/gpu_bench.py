@@ -100,6 +100,21 @@ class FlashTile:
             raise RuntimeError(f"ft_forward failed ({rc}): {self.msg.value.decode()}")
         return self.msg.value.decode()
 
+    def forward_call(self, q, k, v, out, lse, causal=False, scale=None, backend="auto", strict=False):
+        """forward's call with its C arguments built once and no report text: a zero-argument callable that makes
+        only the C ABI call, what a C++ caller pays per call (kvcache_call's counterpart); it raises on an error."""
+        keep = [ft_tensor(x) for x in (q, k, v, out, lse)]
+        args = [*[ctypes.byref(x) for x in keep], _DTYPES[q.dtype], self._dev(q), math.nan if scale is None else scale,
+                int(causal), backend.encode(), int(strict), None, 0]
+        fn = self.lib.ft_forward
+
+        def call():
+            rc = fn(*args)
+            if rc != 0:
+                raise RuntimeError(f"ft_forward failed ({rc})")
+        call.keep = keep, (q, k, v, out, lse)  # as kvcache_call: the structures and tensors live with the callable
+        return call
+
     def backward(self, q, k, v, out, dout, lse, dq, dk, dv, causal=False, scale=None, deterministic=False,
                  backend="cuda-sm80", strict=True):
         ts = [ft_tensor(x) for x in (q, k, v, out, dout, lse, dq, dk, dv)]

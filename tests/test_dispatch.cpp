@@ -78,6 +78,20 @@ TEST(Dispatch, FewQueryRowsPerKvHeadRunOnTheDecodeKernel) {
                 .ran.kernel,
             "cpu_flash_fwd");
 
+  // Without GQA, 16 float32 rows: the tiled forward below 4096 keys, this kernel from there (decode_plan.h
+  // kMatrixKeysWithoutGqa).
+  Case mha = c;
+  mha.sq = 16;
+  mha.hq = mha.hkv = 1;
+  for (const std::int64_t sk : {std::int64_t{700}, std::int64_t{4096}}) {
+    mha.sk = sk;
+    Problem m(mha, rng);
+    EXPECT_EQ(flashtile::forward(m.q.view(), m.k.view(), m.v.view(), m.out.view(), m.lse.view(), m.options())
+                  .ran.kernel,
+              sk < 4096 ? "cpu_flash_fwd" : "cpu_flash_decode")
+        << sk;
+  }
+
   ::setenv("FLASHTILE_CPU_FORWARD", "fast", 1);
   EXPECT_THROW(
       {

@@ -110,14 +110,19 @@ ForwardKernel forward_kernel_choice();
 // with GQA, 0.90-1.95x for float32 without GQA at 16-64 rows (two runs of one kernel spread 0.83-1.06 there). bf16
 // without GQA (G = 1) on a set with bf16 tile products keeps the forward from 16 rows, where its tiles packed once
 // per head ran 0.69-1.2x as fast (the sweep before transpose_to_float); G·Sq = 128 ran 0.86-1.5x and stays on the
-// forward too. In a varlen batch G·Sq counts the longest sequence's query rows (flash_decode.cpp attend_tile drops a
-// shorter one's missing rows).
+// forward too. float32 without GQA at 16-64 rows takes this kernel from kMatrixKeysWithoutGqa keys on: the tiled
+// forward was 1.02-1.16x as fast at 256-2048 keys (but at D = 128, 16 rows, 2048 keys: 0.88x), this kernel
+// 0.99-1.36x as fast from 4096 (cpu_forward_short_keys.md and
+// cpu_forward_small_sq.md). In a varlen batch G·Sq counts the longest sequence's query rows (flash_decode.cpp
+// attend_tile drops a shorter one's missing rows) and the keys its longest key sequence.
+constexpr std::int64_t kMatrixKeysWithoutGqa = 4096;
 inline bool forward_on_decode(const detail::AttnParams& p, bool bf16_tiles, ForwardKernel choice) {
   if (p.is_backward() || p.kvcache) return false;
   if (choice != ForwardKernel::automatic) return choice == ForwardKernel::decode;
   const std::int64_t rows = p.group() * p.seqlen_q;
   if (rows > kDecodeRows) return false;
-  return rows < kMatrixRows || p.group() > 1 || p.dtype != DType::bfloat16 || !bf16_tiles;
+  if (rows < kMatrixRows || p.group() > 1) return true;
+  return !(p.dtype == DType::bfloat16 && bf16_tiles) && p.seqlen_k >= kMatrixKeysWithoutGqa;
 }
 
 inline DecodePlan decode_plan(const detail::AttnParams& p, int threads) {
