@@ -483,7 +483,8 @@ void block_rows_bf16(DecodeScratch<BFloat16>& w, const RowTile& t, const detail:
   }
   if (pack_pairs(w, n, d, dv))
     return block_rows_gemm(w, t, mask, r_begin, r_end, k0, n, partial, d, dv, Lookahead<BFloat16>{});
-  const int rows = r_end - r_begin, rows32 = (rows + 31) / 32 * 32, n32 = (n + 31) / 32 * 32;
+  const int rows = r_end - r_begin, n32 = (n + 31) / 32 * 32;
+  const int rows32 = (rows + tiles::kRowStep - 1) / tiles::kRowStep * tiles::kRowStep;  // padded to gemm's step
   float* s = w.s.get() + static_cast<std::int64_t>(r_begin) * kDecodeKeys;
   float* acc = w.acc.get() + static_cast<std::int64_t>(r_begin) * w.ldv;
   tiles::gemm(rows32, n32, d / 32, w.q16.get() + static_cast<std::int64_t>(r_begin) * d, d, w.ktp.get(),
