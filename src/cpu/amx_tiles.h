@@ -1,6 +1,6 @@
 // bf16 tile products on AMX, for the bf16 forward (flash_forward_amx.cpp):
 //   C[m][n] (+)= Σ_p A2(i, p) · B2(p, n)   with the pair layouts of bf16_pairs.h (A row-major bf16, B pairs
-//   interleaved), float32 accumulation, m and n multiples of 32, the sum over steps of 16 pairs (32 bf16).
+//   interleaved), float32 accumulation, m a multiple of 16 and n of 32, the sum over steps of 16 pairs (32 bf16).
 // One tdpbf16ps multiplies a 16 x 32 bf16 tile by a 32 x 16 one into 16 x 16 floats: 16384 FLOP per
 // instruction, against 64 for vdpbf16ps and 32 for a float32 FMA on 16 lanes.
 //
@@ -140,13 +140,42 @@ inline void block32(int steps, const std::uint16_t* a, int lda, const std::uint1
   FT_TILE_STORE(3, c1 + 16, sc);
 }
 
-// C[m][n] (+)= A2 · B2 over `steps` steps of 16 pairs; m and n multiples of 32.
+// C[16][32] (+)= A[16][32·steps] · B2: block32's top half (registers 0-1 C, 4 A, 6-7 B), for a last 16 rows.
+inline void block16(int steps, const std::uint16_t* a, int lda, const std::uint16_t* b, int ldb, float* c, int ldc,
+                    bool accumulate) {
+  const long sa = 2L * lda, sb = 2L * ldb, sc = 4L * ldc;
+  if (accumulate) {
+    FT_TILE_LOAD(0, c, sc);
+    FT_TILE_LOAD(1, c + 16, sc);
+  } else {
+    FT_TILE_ZERO(0);
+    FT_TILE_ZERO(1);
+  }
+  for (int s = 0; s < steps; ++s) {
+    const std::uint16_t* bs = b + 16L * s * ldb;
+    FT_TILE_LOAD(4, a + 32 * s, sa);
+    FT_TILE_LOAD(6, bs, sb);
+    FT_TILE_LOAD(7, bs + 32, sb);
+    FT_TILE_DOT(0, 4, 6);
+    FT_TILE_DOT(1, 4, 7);
+  }
+  FT_TILE_STORE(0, c, sc);
+  FT_TILE_STORE(1, c + 16, sc);
+}
+
+// C[m][n] (+)= A2 · B2 over `steps` steps of 16 pairs; m a multiple of 16, n of 32.
 inline void gemm(int m, int n, int steps, const std::uint16_t* a, int lda, const std::uint16_t* b, int ldb, float* c,
                  int ldc, bool accumulate) {
   for (int i0 = 0; i0 < m; i0 += 32)
-    for (int j0 = 0; j0 < n; j0 += 32)
-      block32(steps, a + static_cast<long>(i0) * lda, lda, b + 2 * j0, ldb, c + static_cast<long>(i0) * ldc + j0, ldc,
-              accumulate);
+    for (int j0 = 0; j0 < n; j0 += 32) {
+      const std::uint16_t* ai = a + static_cast<long>(i0) * lda;
+      float* ci = c + static_cast<long>(i0) * ldc + j0;
+      if (m - i0 >= 32) {
+        block32(steps, ai, lda, b + 2 * j0, ldb, ci, ldc, accumulate);
+      } else {
+        block16(steps, ai, lda, b + 2 * j0, ldb, ci, ldc, accumulate);
+      }
+    }
 }
 
 FT_ISA_END

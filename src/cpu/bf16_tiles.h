@@ -23,10 +23,12 @@
 namespace flashtile::cpu::tiles {
 FT_ISA_BEGIN
 
+// The row granularity of a decode head's rows in gemm's m (flash_decode.cpp block_rows_bf16): one tile's 16 rows
+// (amx::gemm's block16 takes a last 16), as the pairs' register block, which takes any m, and the softmax's row
+// groups. It was 32, AMX's 2 x 2 block, which ran a head of 16 rows (Sq = 4 at GQA 4) on 32.
+constexpr int kRowStep = 16;
+
 #if defined(FT_AMX)
-// The row granularity of gemm's m: AMX's 2 x 2 tile block (32 rows); the pairs' register block takes any m, and
-// a head's rows are padded to the 16 of the softmax's row groups (flash_decode.cpp block_rows_bf16).
-constexpr int kRowStep = 32;
 inline void begin() { amx::configure(); }
 inline void end() { amx::release(); }
 inline void gemm(int m, int n, int steps, const std::uint16_t* a, int lda, const std::uint16_t* b, int ldb, float* c,
@@ -34,7 +36,6 @@ inline void gemm(int m, int n, int steps, const std::uint16_t* a, int lda, const
   amx::gemm(m, n, steps, a, lda, b, ldb, c, ldc, accumulate);
 }
 #else
-constexpr int kRowStep = 16;
 inline void begin() {}
 inline void end() {}
 inline void gemm(int m, int n, int steps, const std::uint16_t* a, int lda, const std::uint16_t* b, int ldb, float* c,
