@@ -3,6 +3,8 @@ the rounds that time every call in turn in an order drawn per round, so that no 
 and a call run under a forced CPU kernel set."""
 import os
 import random
+import statistics
+import time
 
 import torch
 import torch.nn.functional as F
@@ -61,3 +63,20 @@ def with_env(fn, name, value):
 def with_isa(fn, isa):
     """fn with FLASHTILE_CPU_ISA = isa while it runs (isa None: as the process has it)."""
     return with_env(fn, "FLASHTILE_CPU_ISA", isa)
+
+
+def warm_median_s(fn, reps=5, warm_s=0.005):
+    """Median of `reps` calls after calling fn for at least warm_s seconds (and at least twice). On the 2-vCPU VM a
+    call that followed another library's (torch's OpenMP pool, or a sleep) ran 10-25 % slower for several calls of a
+    fraction of a millisecond: the same build timed as two libraries read 0.77-0.98x of itself in the slot after
+    torch's with one warm-up call (2026-12-05)."""
+    t0, n = time.perf_counter(), 0
+    while n < 2 or time.perf_counter() - t0 < warm_s:
+        fn()
+        n += 1
+    times = []
+    for _ in range(reps):
+        t1 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t1)
+    return statistics.median(times)

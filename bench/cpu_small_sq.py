@@ -23,7 +23,6 @@ import os
 import platform
 import statistics
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
@@ -31,25 +30,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ab_common import shuffled_rounds, with_env  # noqa: E402
+from ab_common import shuffled_rounds, warm_median_s, with_env  # noqa: E402
 from cpu_ab import cpu_model  # noqa: E402
-from decode import median_s  # noqa: E402
 from gpu_bench import FlashTile  # noqa: E402  the ctypes binding of the C ABI
 
 # (Sq, Hq, Hkv): G·Sq rows per KV head from 1 to 128.
 SHAPES = [(1, 8, 8), (1, 32, 8), (4, 32, 8), (16, 8, 8), (4, 32, 4), (32, 8, 8), (64, 8, 8), (16, 32, 8), (128, 8, 8)]
-
-
-def warm_median_s(fn, reps=5, warm_s=0.005):
-    """Median of `reps` calls after calling fn for at least warm_s seconds (and at least twice). On the 2-vCPU VM a
-    call that followed another library's (torch's OpenMP pool, or a sleep) ran 10-25 % slower for several calls of a
-    fraction of a millisecond: the same build timed as two libraries read 0.77-0.98x of itself in the slot after
-    torch's with one warm-up call (2026-12-05)."""
-    t0, n = time.perf_counter(), 0
-    while n < 2 or time.perf_counter() - t0 < warm_s:
-        fn()
-        n += 1
-    return median_s(fn, reps, warmup=0)
 
 
 def cell(ft, dtype, d, sq, hq, hkv, sk, rounds, base=None):
