@@ -1,6 +1,6 @@
 """What bench/gpu_ab.py, bench/cpu_ab.py and bench/decode_ab.py share: torch's SDPA on one backend as the peer call,
 the rounds that time every call in turn in an order drawn per round, so that no build keeps the slot after another's,
-and a call run under a forced CPU kernel set."""
+a call run under a forced CPU kernel set, and a timer that warms a call for a few milliseconds first."""
 import os
 import random
 import statistics
