@@ -106,15 +106,14 @@ ForwardKernel forward_kernel_choice();
 // The forward kernel converts a head's K and V once per (query head, chunk of query tiles) and gives each task one
 // thread, which a few query rows cannot repay; this kernel reads each K/V row once for the G heads, in its own dtype,
 // and splits the keys across threads. Measured on the AVX-512 EPYC, 2 threads, one process, G·Sq = 1-128, D = 64 /
-// 128, 2k and 16k keys, causal (bench/results/cpu_forward_small_sq.md): 1.33-5.6x the tiled forward at Sq = 1 and
-// with GQA, 0.90-1.95x for float32 without GQA at 16-64 rows (two runs of one kernel spread 0.83-1.06 there). bf16
-// without GQA (G = 1) on a set with bf16 tile products keeps the forward from 16 rows, where its tiles packed once
-// per head ran 0.69-1.2x as fast (the sweep before transpose_to_float); G·Sq = 128 ran 0.86-1.5x and stays on the
-// forward too. float32 without GQA at 16-64 rows takes this kernel from kMatrixKeysWithoutGqa keys on: the tiled
-// forward was 1.02-1.16x as fast at 256-2048 keys (but at D = 128, 16 rows, 2048 keys: 0.88x), this kernel
-// 0.99-1.36x as fast from 4096 (cpu_forward_short_keys.md and
-// cpu_forward_small_sq.md). In a varlen batch G·Sq counts the longest sequence's query rows (flash_decode.cpp
-// attend_tile drops a shorter one's missing rows) and the keys its longest key sequence.
+// 128, causal (bench/results/cpu_forward_small_sq.md, 2k and 16k keys; cpu_forward_short_keys.md, 256 and 512):
+// 0.96-5.9x the tiled forward at Sq = 1 and with GQA (below 1.0: a bf16 cell of 16 rows at 2k keys, and 64 float32
+// rows at 256-512 keys, 0.88-0.94). Without GQA (G = 1), from 16 rows: bf16 on a set with bf16 tile products keeps
+// the forward, where its tiles packed once per head ran 0.69-1.2x as fast (the sweep before transpose_to_float);
+// float32 / float16 take this kernel from kMatrixKeysWithoutGqa keys on (the tiled forward was 1.02-1.16x as fast
+// at 256-2048 keys, but 0.88x at D = 128, 16 rows, 2048 keys; this kernel 1.04-1.56x at 16k). G·Sq = 128 ran
+// 0.86-1.5x and stays on the forward too. In a varlen batch G·Sq counts the longest sequence's query rows
+// (flash_decode.cpp attend_tile drops a shorter one's missing rows) and the keys its longest key sequence.
 constexpr std::int64_t kMatrixKeysWithoutGqa = 4096;
 inline bool forward_on_decode(const detail::AttnParams& p, bool bf16_tiles, ForwardKernel choice) {
   if (p.is_backward() || p.kvcache) return false;
