@@ -74,7 +74,7 @@ def warm_median_s(fn, reps=5, warm_s=0.005):
     while n < 2 or time.perf_counter() - t0 < warm_s:
         fn()
         n += 1
-    times = []
+    times = []  # decode.py median_s's loop: this module cannot import decode.py (it imports gpu_bench, which imports this)
     for _ in range(reps):
         t1 = time.perf_counter()
         fn()

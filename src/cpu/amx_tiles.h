@@ -105,62 +105,50 @@ inline void configure() {}
 inline void release() {}
 #endif
 
-// C[32][32] (+)= A[32][32·steps] · B2 over `steps` steps of 16 pairs; lda, ldb, ldc in elements (ldb between
-// pair rows). Registers: 0-3 C (row block i, column block j in 2i + j), 4-5 A row blocks, 6-7 B column blocks.
-inline void block32(int steps, const std::uint16_t* a, int lda, const std::uint16_t* b, int ldb, float* c, int ldc,
-                    bool accumulate) {
+// C[16·R][32] (+)= A[16·R][32·steps] · B2 over `steps` steps of 16 pairs, R = 2 row blocks (or 1, a last 16 rows);
+// lda, ldb, ldc in elements (ldb between pair rows). Registers: 0-3 C (row block i, column block j in 2i + j), 4-5 A
+// row blocks, 6-7 B column blocks.
+template <int R>
+inline void block(int steps, const std::uint16_t* a, int lda, const std::uint16_t* b, int ldb, float* c, int ldc,
+                  bool accumulate) {
+  static_assert(R == 1 || R == 2);
   const long sa = 2L * lda, sb = 2L * ldb, sc = 4L * ldc;
   float* c1 = c + 16L * ldc;
   if (accumulate) {
     FT_TILE_LOAD(0, c, sc);
     FT_TILE_LOAD(1, c + 16, sc);
-    FT_TILE_LOAD(2, c1, sc);
-    FT_TILE_LOAD(3, c1 + 16, sc);
+    if constexpr (R == 2) {
+      FT_TILE_LOAD(2, c1, sc);
+      FT_TILE_LOAD(3, c1 + 16, sc);
+    }
   } else {
     FT_TILE_ZERO(0);
     FT_TILE_ZERO(1);
-    FT_TILE_ZERO(2);
-    FT_TILE_ZERO(3);
+    if constexpr (R == 2) {
+      FT_TILE_ZERO(2);
+      FT_TILE_ZERO(3);
+    }
   }
   for (int s = 0; s < steps; ++s) {
     const std::uint16_t* as = a + 32 * s;
     const std::uint16_t* bs = b + 16L * s * ldb;
     FT_TILE_LOAD(4, as, sa);
-    FT_TILE_LOAD(5, as + 16L * lda, sa);
+    if constexpr (R == 2) FT_TILE_LOAD(5, as + 16L * lda, sa);
     FT_TILE_LOAD(6, bs, sb);
     FT_TILE_LOAD(7, bs + 32, sb);
     FT_TILE_DOT(0, 4, 6);
     FT_TILE_DOT(1, 4, 7);
-    FT_TILE_DOT(2, 5, 6);
-    FT_TILE_DOT(3, 5, 7);
+    if constexpr (R == 2) {
+      FT_TILE_DOT(2, 5, 6);
+      FT_TILE_DOT(3, 5, 7);
+    }
   }
   FT_TILE_STORE(0, c, sc);
   FT_TILE_STORE(1, c + 16, sc);
-  FT_TILE_STORE(2, c1, sc);
-  FT_TILE_STORE(3, c1 + 16, sc);
-}
-
-// C[16][32] (+)= A[16][32·steps] · B2: block32's top half (registers 0-1 C, 4 A, 6-7 B), for a last 16 rows.
-inline void block16(int steps, const std::uint16_t* a, int lda, const std::uint16_t* b, int ldb, float* c, int ldc,
-                    bool accumulate) {
-  const long sa = 2L * lda, sb = 2L * ldb, sc = 4L * ldc;
-  if (accumulate) {
-    FT_TILE_LOAD(0, c, sc);
-    FT_TILE_LOAD(1, c + 16, sc);
-  } else {
-    FT_TILE_ZERO(0);
-    FT_TILE_ZERO(1);
+  if constexpr (R == 2) {
+    FT_TILE_STORE(2, c1, sc);
+    FT_TILE_STORE(3, c1 + 16, sc);
   }
-  for (int s = 0; s < steps; ++s) {
-    const std::uint16_t* bs = b + 16L * s * ldb;
-    FT_TILE_LOAD(4, a + 32 * s, sa);
-    FT_TILE_LOAD(6, bs, sb);
-    FT_TILE_LOAD(7, bs + 32, sb);
-    FT_TILE_DOT(0, 4, 6);
-    FT_TILE_DOT(1, 4, 7);
-  }
-  FT_TILE_STORE(0, c, sc);
-  FT_TILE_STORE(1, c + 16, sc);
 }
 
 // C[m][n] (+)= A2 · B2 over `steps` steps of 16 pairs; m a multiple of 16, n of 32.
@@ -171,9 +159,9 @@ inline void gemm(int m, int n, int steps, const std::uint16_t* a, int lda, const
       const std::uint16_t* ai = a + static_cast<long>(i0) * lda;
       float* ci = c + static_cast<long>(i0) * ldc + j0;
       if (m - i0 >= 32) {
-        block32(steps, ai, lda, b + 2 * j0, ldb, ci, ldc, accumulate);
+        block<2>(steps, ai, lda, b + 2 * j0, ldb, ci, ldc, accumulate);
       } else {
-        block16(steps, ai, lda, b + 2 * j0, ldb, ci, ldc, accumulate);
+        block<1>(steps, ai, lda, b + 2 * j0, ldb, ci, ldc, accumulate);
       }
     }
 }

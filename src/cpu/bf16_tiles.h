@@ -24,7 +24,7 @@ namespace flashtile::cpu::tiles {
 FT_ISA_BEGIN
 
 // The row granularity of a decode head's rows in gemm's m (flash_decode.cpp block_rows_bf16): one tile's 16 rows
-// (amx::gemm's block16 takes a last 16), as the pairs' register block, which takes any m, and the softmax's row
+// (amx::gemm's block<1> takes a last 16), as the pairs' register block, which takes any m, and the softmax's row
 // groups. It was 32, AMX's 2 x 2 block, which ran a head of 16 rows (Sq = 4 at GQA 4) on 32.
 constexpr int kRowStep = 16;
 

@@ -312,7 +312,8 @@ struct DecodeScratch {
 #ifdef FT_BF16_TILES
   // The matrix path on bf16 tiles (bf16_tiles.h): Q's bits, the block's Kᵀ and V as pairs, P in bf16
   // (block_rows_bf16).
-  // A head's products run over whole 32-row blocks, past its last row: q16, s and pb have 32 rows more.
+  // A head's products run over whole padded row blocks (bf16_tiles.h kRowStep), past its last row: q16, s and pb
+  // have 32 rows more.
   Scratch<std::uint16_t> q16, ktp, vtp, pb;
 #endif
   std::vector<HeadInfo> heads;  // one per row; capacity kept across the thread's tasks
@@ -484,10 +485,10 @@ void block_rows_bf16(DecodeScratch<BFloat16>& w, const RowTile& t, const detail:
   if (pack_pairs(w, n, d, dv))
     return block_rows_gemm(w, t, mask, r_begin, r_end, k0, n, partial, d, dv, Lookahead<BFloat16>{});
   const int rows = r_end - r_begin, n32 = (n + 31) / 32 * 32;
-  const int rows32 = (rows + tiles::kRowStep - 1) / tiles::kRowStep * tiles::kRowStep;  // padded to gemm's step
+  const int rows_pad = (rows + tiles::kRowStep - 1) / tiles::kRowStep * tiles::kRowStep;  // padded to gemm's step
   float* s = w.s.get() + static_cast<std::int64_t>(r_begin) * kDecodeKeys;
   float* acc = w.acc.get() + static_cast<std::int64_t>(r_begin) * w.ldv;
-  tiles::gemm(rows32, n32, d / 32, w.q16.get() + static_cast<std::int64_t>(r_begin) * d, d, w.ktp.get(),
+  tiles::gemm(rows_pad, n32, d / 32, w.q16.get() + static_cast<std::int64_t>(r_begin) * d, d, w.ktp.get(),
               2 * kDecodeKeys, s, kDecodeKeys, false);
   std::uint16_t* pb = w.pb.get() + static_cast<std::int64_t>(r_begin) * kDecodeKeys;
 #if FT_SIMD_WIDTH == 16 && defined(__AVX512BF16__)
@@ -511,12 +512,12 @@ void block_rows_bf16(DecodeScratch<BFloat16>& w, const RowTile& t, const detail:
       to_bf16_row(s + static_cast<std::int64_t>(r) * kDecodeKeys, pb + static_cast<std::int64_t>(r) * kDecodeKeys, n,
                   n32);
   }
-  // P·V lands on the rescaled output rows. A head's 32-row blocks that hold only its rows take it straight into
+  // P·V lands on the rescaled output rows. A head whose padded rows are all its own takes it straight into
   // them (tile accumulate); else past its last row it would add into the next head's rows, so it goes through w.pv.
-  if (rows == rows32) {
-    tiles::gemm(rows32, dv, n32 / 32, pb, kDecodeKeys, w.vtp.get(), 2 * dv, acc, w.ldv, true);
+  if (rows == rows_pad) {
+    tiles::gemm(rows_pad, dv, n32 / 32, pb, kDecodeKeys, w.vtp.get(), 2 * dv, acc, w.ldv, true);
   } else {
-    tiles::gemm(rows32, dv, n32 / 32, pb, kDecodeKeys, w.vtp.get(), 2 * dv, w.pv.get(), w.ldv, false);
+    tiles::gemm(rows_pad, dv, n32 / 32, pb, kDecodeKeys, w.vtp.get(), 2 * dv, w.pv.get(), w.ldv, false);
     add_rows(rows, w.ldv, w.pv.get(), acc);
   }
 }
