@@ -14,6 +14,12 @@ namespace flashtile::cpu {
 // Query rows of one KV head processed together: the query heads of a GQA group times the new tokens, packed
 // (row r = token r / G, head r % G), so that each key and value row is read once for all of them.
 constexpr int kDecodeRows = 64;
+// Rows of a tile that packs several KV heads (each with at most kDecodeRows rows; RowTile): a key block then reads
+// each key's heads as one stretch of memory, not one head's rows Hkv · D elements apart. 512 takes all 8 KV heads of
+// 16 tokens x G 4: on the 2-core AMX Xeon VM (2026-12-05, B = 1, GQA 32/8, hd128, bf16, 32k keys, the CLI's bench,
+// interleaved) 13.1-13.4 ms a call against 19.0-22.5 ms with 64-row tiles (one head per tile), the same at 4k keys
+// (the cache in L3; 1.5-1.7 against 1.7-1.8 ms).
+constexpr int kDecodeTileRows = 512;
 // Keys per block: the scores of a block for all rows stay in L1 (64 rows · 64 keys · 4 B = 16 KiB).
 constexpr int kDecodeKeys = 64;
 // A split gets at least this many keys: below it the merge and the per-task setup cost more than they save.
@@ -130,7 +136,7 @@ inline DecodePlan decode_plan(const detail::AttnParams& p, int threads) {
   d.heads_kv = p.heads_kv;
   d.rows_per_head = p.group() * p.seqlen_q;
   if (d.rows_per_head <= kDecodeRows) {
-    d.heads_per_tile = std::clamp<std::int64_t>(kDecodeRows / std::max<std::int64_t>(d.rows_per_head, 1), 1,
+    d.heads_per_tile = std::clamp<std::int64_t>(kDecodeTileRows / std::max<std::int64_t>(d.rows_per_head, 1), 1,
                                                 std::max<std::int64_t>(p.heads_kv, 1));
     d.tiles = (p.heads_kv + d.heads_per_tile - 1) / d.heads_per_tile;
   } else {

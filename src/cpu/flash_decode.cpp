@@ -321,32 +321,32 @@ struct DecodeScratch {
   DecodeScratch(int d_, int dv_)
       : ldq(padded(d_)),
         ldv(padded(dv_)),
-        q(zeroed<float>(static_cast<std::int64_t>(kDecodeRows) * ldq)),
-        s(zeroed<float>(static_cast<std::int64_t>(kDecodeRows + 32) * kDecodeKeys)),
-        acc(zeroed<float>(static_cast<std::int64_t>(kDecodeRows) * ldv)),
-        m(zeroed<float>(kDecodeRows)),
-        l(zeroed<float>(kDecodeRows)),
-        lo(zeroed<int>(kDecodeRows)),
-        hi(zeroed<int>(kDecodeRows)),
+        q(zeroed<float>(static_cast<std::int64_t>(kDecodeTileRows) * ldq)),
+        s(zeroed<float>(static_cast<std::int64_t>(kDecodeTileRows + 32) * kDecodeKeys)),
+        acc(zeroed<float>(static_cast<std::int64_t>(kDecodeTileRows) * ldv)),
+        m(zeroed<float>(kDecodeTileRows)),
+        l(zeroed<float>(kDecodeTileRows)),
+        lo(zeroed<int>(kDecodeTileRows)),
+        hi(zeroed<int>(kDecodeTileRows)),
         koff(zeroed<std::int64_t>(2 * kDecodeKeys)),
         voff(zeroed<std::int64_t>(2 * kDecodeKeys)),
         kp(zeroed<const T*>(kDecodeKeys)),
         vp(zeroed<const T*>(kDecodeKeys)),
         kt(zeroed<float>(static_cast<std::int64_t>(d_) * kDecodeKeys)),
         vf(zeroed<float>(static_cast<std::int64_t>(kDecodeKeys) * ldv)),
-        pv(zeroed<float>(static_cast<std::int64_t>(kDecodeRows) * ldv)),
+        pv(zeroed<float>(static_cast<std::int64_t>(kDecodeRows) * ldv)),  // one head's rows
 #ifdef FT_BF16_TILES
-        q16(zeroed<std::uint16_t>(static_cast<std::int64_t>(kDecodeRows + 32) * d_)),
+        q16(zeroed<std::uint16_t>(static_cast<std::int64_t>(kDecodeTileRows + 32) * d_)),
         ktp(zeroed<std::uint16_t>(static_cast<std::int64_t>(d_) * kDecodeKeys)),
         vtp(zeroed<std::uint16_t>(static_cast<std::int64_t>(kDecodeKeys) * dv_)),
-        pb(zeroed<std::uint16_t>(static_cast<std::int64_t>(kDecodeRows + 32) * kDecodeKeys)),
+        pb(zeroed<std::uint16_t>(static_cast<std::int64_t>(kDecodeTileRows + 32) * kDecodeKeys)),
 #endif
         d(d_),
         dv(dv_) {
-    heads.reserve(kDecodeRows);
+    heads.reserve(kDecodeTileRows);
   }
   // This thread's scratch for head dims (d, dv), kept between calls: a decoding loop calls once per token, and
-  // allocating and zeroing ~250 KB per thread each time is host work on its path. Every buffer is written before
+  // allocating and zeroing ~1 MB per thread (head dim 128) each time is host work on its path. Every buffer is written before
   // it is read in a task (q, acc, m, l per tile; s, kt's used columns, pv per block), except the padding that
   // stays zero: vf's and acc's columns past dv and q's past d, which no product reads into a result.
   static DecodeScratch* for_thread(int hd, int hdv) {
