@@ -68,6 +68,10 @@ constexpr TileConfig avx512_tile_config(std::int64_t hdim) {
 // Groups of 4 query tiles per pass over a key tile (2026-12-03, 2-core AMX Xeon VM, 2 threads, one process,
 // S = 2048 / 8192, D = 64 / 128, full and causal, against groups of 1): 1.01-1.21x, the most at S = 8192 (the
 // head's bf16 K/V, 4 MiB per thread at D = 128, read from L3 a quarter as often); groups of 2: 0.96-1.14x.
+// Re-measured 2026-12-05 on the 2-core AMX Xeon VM (CLI bench, B=1 H=8 D=128 bf16, S = 2048 / 8192, full and causal,
+// builds interleaved over two rounds), GFLOP/s against 64 x 256 x 4: 64 x 128 x 4 0.92-1.00x, 32 x 256 x 8
+// 0.87-1.05x, 128 x 256 x 2 0.97-1.09x, all within the rounds' spread; kept. (What bounds the products:
+// bench/results/cpu.md, the AMX products' ceilings.)
 constexpr TileConfig amx_tile_config(std::int64_t hdim) {
   if (hdim <= 128) return {64, 256, 4};
   return tile_config(hdim);
