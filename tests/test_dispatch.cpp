@@ -130,6 +130,33 @@ TEST(Dispatch, ShortKeysSplitTheHeadsAcrossThreads) {
   compare_with_oracle(p);
 }
 
+// Speculative decoding's shape without a KV-cache API (16 tokens x G 4 = 64 rows per KV head, 8 KV heads): the
+// decode kernel packs all 8 heads into one 512-row tile (decode_plan.h kDecodeTileRows), so that a key block reads
+// each key's heads as one stretch of memory, and splits the keys for the 2 threads; the result (and the backward's,
+// which needs the forward's LSE) still matches.
+TEST(Dispatch, SeveralKvHeadsShareOneRowTile) {
+  if (forced_forward_kernel() == "tiles") GTEST_SKIP() << "FLASHTILE_CPU_FORWARD=tiles: no decode kernel";
+  auto rng = test_rng();
+  Case c;
+  c.sq = 16;
+  c.sk = 2048;
+  c.hq = 32;
+  c.hkv = 8;
+  c.d = c.dv = 64;
+  c.causal = true;
+  Problem p(c, rng);
+  flashtile::Options o = p.options();
+  o.num_threads = 2;
+  const auto r = flashtile::forward(p.q.view(), p.k.view(), p.v.view(), p.out.view(), p.lse.view(), o);
+  ASSERT_EQ(r.ran.kernel, "cpu_flash_decode");
+  EXPECT_EQ(r.ran.splits, 4);  // 2 tasks per thread
+  EXPECT_NE(r.ran.detail.find("auto: 1 (sequence, row tile) tasks (8 KV heads per row tile)"), std::string::npos)
+      << r.ran.detail;
+  flashtile::backward(p.q.view(), p.k.view(), p.v.view(), p.out.view(), p.dout.view(), p.lse.view(), p.dq.view(),
+                      p.dk.view(), p.dv.view(), o);
+  compare_with_oracle(p);
+}
+
 TEST(Dispatch, NamedBackendRuns) {
   auto rng = test_rng();
   Problem p = small(rng);
