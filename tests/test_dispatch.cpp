@@ -137,14 +137,7 @@ TEST(Dispatch, ShortKeysSplitTheHeadsAcrossThreads) {
 TEST(Dispatch, SeveralKvHeadsShareOneRowTile) {
   if (forced_forward_kernel() == "tiles") GTEST_SKIP() << "FLASHTILE_CPU_FORWARD=tiles: no decode kernel";
   auto rng = test_rng();
-  Case c;
-  c.sq = 16;
-  c.sk = 2048;
-  c.hq = 32;
-  c.hkv = 8;
-  c.d = c.dv = 64;
-  c.causal = true;
-  Problem p(c, rng);
+  Problem p(Case{.sq = 16, .sk = 2048, .hq = 32, .hkv = 8, .causal = true, .softmax_scale = {}}, rng);  // d = dv = 64
   flashtile::Options o = p.options();
   o.num_threads = 2;
   const auto r = flashtile::forward(p.q.view(), p.k.view(), p.v.view(), p.out.view(), p.lse.view(), o);

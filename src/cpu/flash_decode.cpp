@@ -346,9 +346,9 @@ struct DecodeScratch {
     heads.reserve(kDecodeTileRows);
   }
   // This thread's scratch for head dims (d, dv), kept between calls: a decoding loop calls once per token, and
-  // allocating and zeroing ~1 MB per thread (head dim 128) each time is host work on its path. Every buffer is written before
-  // it is read in a task (q, acc, m, l per tile; s, kt's used columns, pv per block), except the padding that
-  // stays zero: vf's and acc's columns past dv and q's past d, which no product reads into a result.
+  // allocating and zeroing ~1 MB per thread (head dim 128) each time is host work on its path. Every buffer is
+  // written before it is read in a task (q, acc, m, l per tile; s, kt's used columns, pv per block), except the
+  // padding that stays zero: vf's and acc's columns past dv and q's past d, which no product reads into a result.
   static DecodeScratch* for_thread(int hd, int hdv) {
     thread_local std::unique_ptr<DecodeScratch> mine;
     if (!mine || mine->d != hd || mine->dv != hdv) mine = std::make_unique<DecodeScratch>(hd, hdv);
