@@ -491,8 +491,8 @@ void block_rows_bf16(DecodeScratch<BFloat16>& w, const RowTile& t, const detail:
     }
   };
   fetch_to(kDecodeKeys / 4);
-  if (pack_pairs(w, n, d, dv))
-    return block_rows_gemm(w, t, mask, r_begin, r_end, k0, n, partial, d, dv, Lookahead<BFloat16>{});
+  if (pack_pairs(w, n, d, dv))  // its pack requests the next pass's rows a key at a time (the first quarter again)
+    return block_rows_gemm(w, t, mask, r_begin, r_end, k0, n, partial, d, dv, ahead);
   const int rows = r_end - r_begin, n32 = (n + 31) / 32 * 32;
   const int rows_pad = (rows + tiles::kRowStep - 1) / tiles::kRowStep * tiles::kRowStep;  // padded to gemm's step
   float* s = w.s.get() + static_cast<std::int64_t>(r_begin) * kDecodeKeys;
