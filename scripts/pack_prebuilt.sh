@@ -6,6 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:?usage: pack_prebuilt.sh BUILD_DIR}
+BUILD=$(cd "$BUILD" && pwd)  # absolute: tar's second -C is taken relative to its first
 DEST=.carry/prebuilt
 rm -rf "$DEST" && mkdir -p "$DEST"
 tar -cJf "$DEST/prebuilt.tar.xz" -C "$BUILD/tests/gpu" flashtile_gpu_tests -C "$BUILD/src" libflashtile_capi.so
