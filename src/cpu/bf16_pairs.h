@@ -4,7 +4,7 @@
 // with float32 accumulation. FT_BF16_PAIRS selects how a pair product is computed:
 //   1: AVX512_BF16 vdpbf16ps, 16 lanes x 2 products per instruction (twice an FMA's work per instruction:
 //      measured at twice the float32 FMA FLOP rate on a Zen 4-class EPYC, where the dispatch picks this set,
-//      and at half on a Sapphire Rapids-class Xeon, where it does not: isa.cpp bf16_dots_pay);
+//      and at half on two Intel Xeons (with AMX and without), where it does not: isa.cpp bf16_dots_pay);
 //   2: an emulation on AVX2 FMAs (two per pair), which runs the same layouts, tails and masking on CPUs
 //      without bf16 instructions. It is slower than the float32 path and never chosen automatically: it
 //      exists so that the test suite exercises the pair kernels on every x86-64 machine with AVX2

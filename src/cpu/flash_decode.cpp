@@ -180,7 +180,7 @@ void qk_rows_chain(const float* q, int ldq, int d, const T* const* kp, int j0, i
 #if FT_SIMD_WIDTH == 16 && defined(__AVX512BF16__) && defined(FT_BF16_PAIRS) && FT_BF16_PAIRS == 1
 #define FT_DECODE_DOTS 1
 // qk_rows for a bf16 cache on vdpbf16ps, in the avx512-bf16 set only (KernelSet::decode_row_dots; the CPUs where
-// the dot products pay, isa.cpp bf16_dots_pay: on the AMX Xeon vdpbf16ps runs at half the float32 FMAs' rate):
+// the dot products pay, isa.cpp bf16_dots_pay: on the Intel Xeons vdpbf16ps runs at half the float32 FMAs' rate):
 // q16 the rows' own bf16 bits (ldq16 apart, natural order), each 32-value piece of a key row one instruction per
 // row (two products summed per lane, float32 accumulation) and no widening of the key row; s = (q · k) · scale, as
 // the bf16 tile paths compute it. d a multiple of 32. On the AVX-512 EPYC (2026-12-05, bench/decode_ab.py, 2
