@@ -47,7 +47,12 @@ from gpu_bench import FlashTile, find_lib, time_ms  # noqa: E402  the ctypes bin
 from gpu_profile import cuda_events, kernel_times  # noqa: E402
 
 HQ, HKV, D = 32, 8, 128
-HBM_PEAK_GBS = 4800.0  # H200 HBM3e
+# HBM peaks by device name (the vendor's figures): the table's % and the plot's lines use the GPU the run was on.
+HBM_PEAKS_GBS = {"H200": 4800.0, "H100 80GB HBM3": 3350.0, "H100 NVL": 3900.0, "H100 PCIe": 2000.0}
+
+
+def hbm_peak_gbs(gpu):
+    return next((v for k, v in HBM_PEAKS_GBS.items() if k in gpu), 0.0)
 PEERS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
          "cudnn": SDPBackend.CUDNN_ATTENTION}
 # Device-side work of one FlashTile call (the read-back's D2H copy is not the call's work).
@@ -202,12 +207,13 @@ def fmt(x):
 
 
 def markdown(meta, rows):
+    peak = hbm_peak_gbs(meta["gpu"])
     lines = [f"# GPU decode against a KV cache on {meta['gpu']} ({meta['date']})", "",
              f"torch {meta['torch']} (CUDA {meta['cuda']}, cuDNN {meta['cudnn']}). Command: `{meta['command']}` "
              f"(commit {meta['commit']}).", "",
              "GQA 32/8, head dim 128, bf16, causal over the Sq new tokens (appended in place by FlashTile's call). "
              "GB/s = bytes of K+V the call reads / median time over "
-             f"{meta['reps']} calls after 5 warm-up calls, CUDA events; % = of the {HBM_PEAK_GBS:.0f} GB/s HBM peak. "
+             f"{meta['reps']} calls after 5 warm-up calls, CUDA events; % = of the {peak:.0f} GB/s HBM peak. "
              "FlashTile is timed on its C ABI call with the arguments built once (what a C++ decode loop pays). "
              "Its events include the index check's read-back (the verdict, which the check kernel, or the decode "
              "kernel's first CTA after a grid-wide check, writes to mapped pinned memory; the host waits for it while the decode runs); 'async' times the same call with "
@@ -229,7 +235,7 @@ def markdown(meta, rows):
         lines.append(
             f"| {r['sq']} | {r['batch']} | {r['keys']} | {cache_name(r)} "
             f"| {fmt(ev)} | {fmt(r.get('flashtile_async_gbs'))} | {fmt(dev)} "
-            f"| {f'{100 * dev / HBM_PEAK_GBS:.0f} %' if dev else '—'} "
+            f"| {f'{100 * dev / peak:.0f} %' if dev and peak else '—'} "
             f"| {fmt(r.get('flash_gbs'))} | {fmt(r.get('efficient_gbs'))} | {fmt(r.get('cudnn_gbs'))} "
             f"| {fmt(r.get('cudnn_device_gbs'))} | {ratio(ev, 'cudnn_gbs')} | {ratio(dev, 'cudnn_device_gbs')} "
             f"| {ratio(ev, 'flash_gbs')} "
@@ -258,8 +264,10 @@ def plot(meta, rows, path):
     fig, ax = plt.subplots(figsize=(max(10, 0.6 * len(rows)), 5))
     for i, (key, label, colour) in enumerate(series):
         ax.bar([xi - 0.4 + (i + 0.5) * w for xi in x], [r.get(key) or 0 for r in rows], w, label=label, color=colour)
-    ax.axhline(HBM_PEAK_GBS, color="k", ls="--", lw=1, label=f"HBM peak {HBM_PEAK_GBS:.0f} GB/s")
-    ax.axhline(0.9 * HBM_PEAK_GBS, color="k", ls=":", lw=1, label="90 % of it (target, batch ≥ 8, ≥ 32k keys)")
+    peak = hbm_peak_gbs(meta["gpu"])
+    if peak:
+        ax.axhline(peak, color="k", ls="--", lw=1, label=f"HBM peak {peak:.0f} GB/s")
+        ax.axhline(0.9 * peak, color="k", ls=":", lw=1, label="90 % of it (target, batch ≥ 8, ≥ 32k keys)")
     ax.set_xticks(x)
     ax.set_xticklabels(labels, fontsize=6)
     ax.set_ylabel("GB/s of K+V read")
@@ -279,7 +287,16 @@ def main():
     ap.add_argument("--backend", default="auto", help="FlashTile's backend (auto: cuda-sm90's wgmma kernel for the "
                     "64-row tiles on Hopper, cuda-sm80's mma.sync kernel otherwise)")
     ap.add_argument("--sq", default="1,16", help="query tokens per call, comma-separated")
+    ap.add_argument("--rewrite", default=None, metavar="JSON", help="write a run's table and plot again from its JSON")
     args = ap.parse_args()
+    if args.rewrite:
+        with open(args.rewrite) as f:
+            run = json.load(f)
+        stem = os.path.splitext(args.rewrite)[0]
+        with open(stem + ".md", "w") as f:
+            f.write(markdown(run["meta"], run["rows"]))
+        plot(run["meta"], run["rows"], stem + ".png")
+        return
     if args.reps < 20:
         sys.exit("--reps: at least 20")
     ft = FlashTile(find_lib(args.lib))
