@@ -53,6 +53,8 @@ HBM_PEAKS_GBS = {"H200": 4800.0, "H100 80GB HBM3": 3350.0, "H100 NVL": 3900.0, "
 
 def hbm_peak_gbs(gpu):
     return next((v for k, v in HBM_PEAKS_GBS.items() if k in gpu), 0.0)
+
+
 PEERS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
          "cudnn": SDPBackend.CUDNN_ATTENTION}
 # Device-side work of one FlashTile call (the read-back's D2H copy is not the call's work).
@@ -208,12 +210,13 @@ def fmt(x):
 
 def markdown(meta, rows):
     peak = hbm_peak_gbs(meta["gpu"])
+    peak_text = f"{peak:.0f} GB/s HBM peak" if peak else "HBM peak (not known for this GPU: no %)"
     lines = [f"# GPU decode against a KV cache on {meta['gpu']} ({meta['date']})", "",
              f"torch {meta['torch']} (CUDA {meta['cuda']}, cuDNN {meta['cudnn']}). Command: `{meta['command']}` "
              f"(commit {meta['commit']}).", "",
              "GQA 32/8, head dim 128, bf16, causal over the Sq new tokens (appended in place by FlashTile's call). "
              "GB/s = bytes of K+V the call reads / median time over "
-             f"{meta['reps']} calls after 5 warm-up calls, CUDA events; % = of the {peak:.0f} GB/s HBM peak. "
+             f"{meta['reps']} calls after 5 warm-up calls, CUDA events; % = of the {peak_text}. "
              "FlashTile is timed on its C ABI call with the arguments built once (what a C++ decode loop pays). "
              "Its events include the index check's read-back (the verdict, which the check kernel, or the decode "
              "kernel's first CTA after a grid-wide check, writes to mapped pinned memory; the host waits for it while the decode runs); 'async' times the same call with "

@@ -40,12 +40,9 @@ bool amx_granted() {
 #endif
 }
 
-// Whether vdpbf16ps beats float32 FMAs on converted tiles. By vendor, as measured (bench/fma_peak.cpp, bench/results/
-// cpu.md): on AMD (Zen 4 and Zen 5 class EPYCs) it ran at twice their rate, on Intel at half, both on the Xeon with
-// AMX-BF16 (Sapphire Rapids class, whose AMX set is the bf16 path anyway) and on a Xeon with AVX512_BF16 and
-// AVX512_FP16 but no AMX (2026-12-05: vdpbf16ps 86 against 170 GFLOP/s per core; this set's bf16 forward 149-158
-// GFLOP/s on 2 cores against avx512's 270-286 on the same bf16 calls, Sq = 16 decode 1.6x slower). A rule from
-// the vendor rather than a timing at start-up, so a machine always takes the same path (and the same rounding).
+// Whether vdpbf16ps beats float32 FMAs on converted tiles: by vendor, as measured on four machines (figures at
+// kSets' avx512-bf16 entry): twice their rate on AMD's Zen 4/5 EPYCs, half on Intel's Xeons with AMX and without.
+// A rule from the vendor rather than a timing at start-up, so a machine always takes the same path (and rounding).
 bool bf16_dots_pay() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
@@ -87,14 +84,16 @@ const KernelSet kSets[] = {
     {"avx2-amxemu", &avx2_amxemu::forward, &avx2_amxemu::backward, &avx2_amxemu::decode, &never, &amx_forward_tiles,
      "AMX tiles, emulated"},
     {"avx512", &avx512::forward, &avx512::backward, &avx512::decode, &always, &avx512_forward_tiles},
-    // bf16 forward, backward and many-row decode on vdpbf16ps. Automatic only on AMD CPUs (bf16_dots_pay): on the Xeon (Sapphire Rapids class) of the GPU machine vdpbf16ps peaked at 85 GFLOP/s per
-    // core against 171 for float32 FMAs (bench/fma_peak.cpp) and this set's bf16 forward ran at half the float32
-    // kernels' speed (bench/results/cpu.md); on the AMD EPYC (Zen 4 class, no AMX) of 2026-12-02 vdpbf16ps peaked
+    // bf16 forward, backward and many-row decode on vdpbf16ps. Automatic only on AMD CPUs (bf16_dots_pay): on the
+    // Xeon (Sapphire Rapids class) of the GPU machine vdpbf16ps peaked at 85 GFLOP/s per core against 171 for
+    // float32 FMAs (bench/fma_peak.cpp) and this set's bf16 forward ran at half the float32 kernels' speed
+    // (bench/results/cpu.md); on the AMD EPYC (Zen 4 class, no AMX) of 2026-12-02 vdpbf16ps peaked
     // at 227 against 113 and the forward ran 1.8-2.1x the float32 kernels on converted tiles, 304-325 GFLOP/s on 2
     // cores (bench/results/cpu_epyc_1202.md); on the AVX-512 EPYC of 2026-12-04 the backward ran 1.28-1.62x
-    // (cpu_epyc512_1204_pairs_bwd.md); on a Xeon without AMX (2026-12-05) it ran at half avx512's speed
-    // (cpu_xeonvm_noamx_1205.md). Elsewhere bf16 inputs take avx512's float32 kernels on tiles converted once per
-    // head; FLASHTILE_CPU_ISA=avx512-bf16 selects it.
+    // (cpu_epyc512_1204_pairs_bwd.md); on a Xeon with AVX512_BF16 and no AMX (2026-12-05) vdpbf16ps peaked at 86
+    // against 170 and the set ran the same bf16 calls at half avx512's speed (forward 149-158 against 270-286
+    // GFLOP/s on 2 cores, Sq = 16 decode 1.6x slower; cpu_xeonvm_noamx_1205.md). Elsewhere bf16 inputs take
+    // avx512's float32 kernels on tiles converted once per head; FLASHTILE_CPU_ISA=avx512-bf16 selects it.
     {"avx512-bf16", &avx512_bf16::forward, &avx512_bf16::backward, &avx512_bf16::decode, &bf16_dots_pay,
      &avx512_bf16_forward_tiles, "vdpbf16ps pairs", true},
     // bf16 forward, backward and many-row decode (speculative decoding) on AMX tiles (tdpbf16ps); float32/float16
