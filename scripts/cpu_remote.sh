@@ -10,7 +10,8 @@
 # bench/cpu_matrix.py once per count in FT_CPU_CORES (default "2"), that many threads pinned to as many CPUs on
 # different physical cores (FT_CPU_BENCH_ARGS, default "--bf16"; FT_CPU_BENCH=0 skips it; FT_CPU_TESTS=0 skips
 # the tests; the suite runs as dispatched and under FLASHTILE_CPU_FORWARD=tiles and =decode, FT_CPU_FORWARDS picks;
-# FT_CPU_SMALLSQ=1 adds bench/cpu_small_sq.py, FT_CPU_SMALLSQ_ARGS its arguments). Logs and the table go to
+# FT_CPU_SMALLSQ=1 adds bench/cpu_small_sq.py, FT_CPU_SMALLSQ_ARGS its arguments; FT_CPU_SCALING=1 adds
+# bench/cpu_scaling.py for each count in FT_CPU_CORES, FT_CPU_SCALING_ARGS its arguments). Logs and the table go to
 # $OUT/cpu. The benchmark times FlashTile beside torch's SDPA in one Python process (the GPU machine's own torch,
 # FT_CPU_PYTHON, default python3), through the C ABI library that `pack` links here (libflashtile_capi_cpu.so).
 # What a device call must carry: .carry/cpu (about 6 MiB: binaries, the C ABI library, OpenBLAS compressed).
@@ -83,6 +84,16 @@ run() {
       bench/cpu_small_sq.py --lib "$PWD/$CARRY/libflashtile_capi_cpu.so" ${FT_CPU_SMALLSQ_ARGS:-} \
       --out "$out/cpu_small_sq_${n}c" > "$out/small-sq-${n}c.log" 2>&1
     echo "SMALL-SQ ${n} cores: rc=$? on CPUs $cpus ($(( $(date +%s) - t0 )) s)" >> "$summary"
+  fi
+  if [[ ${FT_CPU_SCALING:-0} == 1 ]]; then  # bench/cpu_scaling.py: one core alone, loaded, and T cores together
+    local t0=$(date +%s) n
+    for n in ${FT_CPU_CORES:-8}; do
+      timeout "${FT_CPU_BENCH_TIMEOUT:-400}" "${FT_CPU_PYTHON:-python3}" bench/cpu_scaling.py \
+        --capi "$PWD/$CARRY/libflashtile_capi_cpu.so" --cores "$n" ${FT_CPU_SCALING_ARGS:-} \
+        --json "$out/cpu_scaling_${n}c.json" > "$out/scaling-${n}c.log" 2>&1
+      echo "SCALING ${n} cores: rc=$? ($(( $(date +%s) - t0 )) s)" >> "$summary"
+      sed -n '/^GFLOP/,$p' "$out/scaling-${n}c.log" >> "$summary"
+    done
   fi
   cat "$summary"
 }
