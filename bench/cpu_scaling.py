@@ -124,6 +124,7 @@ def main():
     ap.add_argument("--cores", type=int, default=8, help="T: the cores of the loaded and together runs")
     ap.add_argument("--cells", default="f32:128:2048,bf16:128:4096", help="dtype:hdim:seqlen, comma-separated")
     ap.add_argument("--also", default="", help="NAME=LIB,...: other builds timed on the T cores together too (an A/B)")
+    ap.add_argument("--together-only", action="store_true", help="only the T cores together (an A/B with --also)")
     ap.add_argument("--backward", action="store_true")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json", default=None)
@@ -141,6 +142,8 @@ def main():
     for cell in args.cells.split(","):
         runs = [("1 core alone", first, None), ("1 core, FMA load on the others", first, "fma"),
                 ("1 core, FlashTile load on the others", first, "ft"), (f"{t} cores together", cpus[:t], None)]
+        if args.together_only:
+            runs = runs[-1:]
         runs += [(f"{t} cores together, {name}", cpus[:t], None, lib)
                  for name, lib in (x.split("=", 1) for x in args.also.split(",") if x)]
         for label, pin, load, *lib in runs:
@@ -149,11 +152,11 @@ def main():
             rows.append({"cell": cell, "run": label, "cores": len(pin), "gflops_per_core": per_core})
             print(json.dumps(rows[-1]), flush=True)
     names = list(rows[0]["gflops_per_core"])
-    print(f"\nGFLOP/s per core (÷ the same cell's one core alone), {t} cores, CPUs {cpus[:t]}")
+    print(f"\nGFLOP/s per core (÷ the same cell's first run), {t} cores, CPUs {cpus[:t]}")
     print("| cell | run | " + " | ".join(names) + " |")
     print("|---|---|" + "---:|" * len(names))
     for r in rows:
-        alone = next(x for x in rows if x["cell"] == r["cell"])["gflops_per_core"]
+        alone = next(x for x in rows if x["cell"] == r["cell"])["gflops_per_core"]  # the cell's first run
         print(f"| {r['cell']} | {r['run']} | " + " | ".join(
             f"{r['gflops_per_core'][n]:.1f} ({r['gflops_per_core'][n] / alone[n]:.2f})" for n in names) + " |")
     if args.json:
