@@ -15,7 +15,11 @@ Each measurement is its own process, pinned (os.sched_setaffinity) to CPUs on di
 loads; the load processes are pinned to the others. GFLOP/s as bench/cpu_matrix.py counts them (B=1, H=8).
 
   python3 bench/cpu_scaling.py --capi LIB --cores 8 [--cells f32:128:2048,bf16:128:4096] [--backward]
-      [--also NAME=LIB2] [--json OUT.json]
+      [--also NAME=LIB2] [--together-only] [--json OUT.json]
+
+On a shared host one run is one sample of its neighbours: on 2026-12-06 one core alone read slower than the same core
+with the other seven loaded, and two starts an hour apart differed by 1.6x on 8 cores (cpu_xeon_host_1206_scaling.md);
+an A/B repeats its builds in the --also list (A, B, A, B) so that the spread shows.
 """
 import argparse
 import json
@@ -120,7 +124,7 @@ def measure(args, cell, pin, load=None, load_pin=(), capi=None):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--capi", required=False)
+    ap.add_argument("--capi", required=True, help="libflashtile_capi.so (the C ABI library)")
     ap.add_argument("--cores", type=int, default=8, help="T: the cores of the loaded and together runs")
     ap.add_argument("--cells", default="f32:128:2048,bf16:128:4096", help="dtype:hdim:seqlen, comma-separated")
     ap.add_argument("--also", default="", help="NAME=LIB,...: other builds timed on the T cores together too (an A/B)")
