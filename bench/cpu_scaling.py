@@ -18,7 +18,7 @@ loads; the load processes are pinned to the others. GFLOP/s as bench/cpu_matrix.
       [--also NAME=LIB2] [--together-only] [--json OUT.json]
 
 On a shared host one run is one sample of its neighbours: on 2026-12-06 one core alone read slower than the same core
-with the other seven loaded, and two starts an hour apart differed by 1.6x on 8 cores (cpu_xeon_host_1206_scaling.md);
+with the other seven loaded, and two starts minutes apart differed by 1.5-1.9x on 8 cores (cpu.md, 2026-12-06);
 an A/B repeats its builds in the --also list (A, B, A, B) so that the spread shows.
 """
 import argparse
