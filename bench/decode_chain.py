@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Where a decode call's device time goes: FlashTile's kernel chain (the index check, the decode, which appends, and the combine)
+"""Where a decode call's device time goes: FlashTile's kernel chain (the index check and the decode, which appends and, since 2026-12-07, merges the splits; a combine kernel before)
 beside cuDNN's kernels, on the cells of bench/gpu_decode.py, from torch.profiler (CUPTI).
 
 For each cell, 40 calls back to back (FlashTile with async_index_check, the loop a CUDA graph or a serving stack

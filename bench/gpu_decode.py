@@ -16,7 +16,8 @@ call with the arguments built once (gpu_bench.py kvcache_call). Its eager call r
 verdict back (written by the check kernel, or the decode kernel's first CTA after a grid-wide check, to pinned
 memory; the host waits for it while the decode runs; a CUDA graph replay skips it), which the events include; 'async'
 is the call with async_index_check; the "device" column is the median over calls of the device time of the call's own
-kernels (prepare, or memset + check; decode, which appends; combine: the first one's start to the last one's end)
+kernels (prepare, or memset + check; decode, which appends and merges the splits; a combine kernel in builds before
+2026-12-07: the first one's start to the last one's end)
 from torch.profiler (CUPTI), the figure a graph replay approaches; 'host µs' is the host time per call of 50 calls
 issued without waiting.
 

@@ -163,9 +163,7 @@ cudaError_t launch_kvcache(Elem dtype, int hdim_bucket, Kind kind, decode::Decod
   } else {
     FT_CUDA_DECODE_INSTANCES(FT_X_DECODE_MMA)
   }
-  if (!found) return cudaErrorNotSupported;
-  if (e != cudaSuccess || p.splits <= 1) return e;
-  return decode::run_combine(dtype == Elem::fp16, p, stream);
+  return found ? e : cudaErrorNotSupported;
 }
 #undef FT_X_DECODE_WGMMA
 #undef FT_X_DECODE_MMA

@@ -37,7 +37,7 @@ bool sm90_bwd_kernel_built(Elem dtype, int hdim_bucket);
 cudaError_t launch_bwd_sm90(Elem dtype, int hdim_bucket, Kind kind, const BwdParams& p, cudaStream_t stream);
 
 // The KV-cache path (src/cuda/decode/): whether this build has the mma.sync (decode_) or wgmma (sm90_decode_)
-// kernels of (dtype, bucket), and the call's decode on the one `mma` names and, when p.splits > 1, its combine
+// kernels of (dtype, bucket), and the call's decode on the one `mma` names, which also merges the splits
 // (decode::run_check runs before it).
 bool decode_built(Elem dtype, int hdim_bucket);
 const char* decode_built_kernels();

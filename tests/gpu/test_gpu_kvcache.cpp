@@ -374,7 +374,7 @@ void capture_and_replay(bool caller_workspace) {
     FAIL() << "capture: " << e.what();
   }
   FT_CUDA_OK(cudaStreamEndCapture(stream, &graph));
-  EXPECT_GT(report.ran.splits, 1) << report.to_string();  // the combine kernel is in the graph too
+  EXPECT_GT(report.ran.splits, 1) << report.to_string();  // the split merge runs in the replays too
   FT_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
   for (std::size_t r = 0; r < rounds.size(); ++r) {
     SCOPED_TRACE("replay " + std::to_string(r));

@@ -1,13 +1,11 @@
-// The decode path's small kernels: the device-side index check and the combine of split parts. cache_seqlens,
+// The decode path's small kernels: the device-side index check (which also zeroes the split counts). cache_seqlens,
 // block_table and cache_batch_idx are device memory: the host cannot read them without a synchronisation (which
 // CUDA-graph capture forbids), so the check runs on the device first and the decode kernel, which also appends
 // k_new / v_new, does nothing when it found a bad index (the cache stays as it was).
 #include <cuda_runtime.h>
-#include <cutlass/numeric_types.h>
 
 #include <cstdint>
 
-#include "core/merge_rule.h"
 #include "core/params.h"
 #include "decode/dependent_launch.h"
 #include "decode/launch.h"
@@ -15,9 +13,6 @@
 
 namespace flashtile::cuda::decode {
 namespace {
-
-using detail::merged_lse;
-using detail::part_weight;
 
 // Checks i = begin, begin + step, ... of the (sequence, block-table column) pairs (one per sequence when
 // contiguous): the CPU validation's checks (src/core/validate_kvcache.cpp), each failure lowering *first_bad to its
@@ -53,11 +48,20 @@ __device__ void check_indices(const DecodeParams& p, std::int64_t begin, std::in
   }
 }
 
+// The split counts the decode kernel's last split of each group tests (kernel_parts.h merge_splits) start at 0 in
+// every call: the check, which runs first in every call, zeroes them (i = begin, begin + step, ...).
+__device__ void zero_split_counts(const DecodeParams& p, std::int64_t begin, std::int64_t step) {
+  if (p.split_counts == nullptr) return;
+  const std::int64_t n = split_groups(p.a);
+  for (std::int64_t i = begin; i < n; i += step) p.split_counts[i] = 0;
+}
+
 // A large call's grid-wide check (after a memset of the status): each CTA lowers and raises the shared verdict,
 // which the decode kernel's first CTA publishes once this grid has completed (p.decode_publishes). The decode
 // kernel may launch at once: it waits for this grid's completion before it reads anything.
 __global__ void check_kernel(const __grid_constant__ DecodeParams p) {
   allow_dependents();
+  zero_split_counts(p, blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x, std::int64_t{gridDim.x} * blockDim.x);
   check_indices(p, blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x, std::int64_t{gridDim.x} * blockDim.x,
                 &p.status->first_bad, &p.status->longest);
 }
@@ -74,6 +78,7 @@ __global__ void __launch_bounds__(kPrepareThreads) prepare_kernel(const __grid_c
     longest = -1;
   }
   __syncthreads();
+  zero_split_counts(p, threadIdx.x, blockDim.x);
   check_indices(p, threadIdx.x, blockDim.x, &first_bad, &longest);
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -81,68 +86,6 @@ __global__ void __launch_bounds__(kPrepareThreads) prepare_kernel(const __grid_c
     p.status->longest = longest;
     publish(p, first_bad, longest);
   }
-}
-
-// One warp per query row (b, h, t): the splits' parts merged as merge_attention_states does. The lanes share the
-// splits' LSEs and weights (through shared memory) and each owns four adjacent output columns, so every load of a
-// part is one 16-byte load and the loads of several parts are in flight together (a split count of 29 ran the
-// part loads one after another before: 21 µs at batch 1).
-constexpr int kCombineWarps = 4;
-template <class Element>
-__global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __grid_constant__ DecodeParams p) {
-  __shared__ float weights[kCombineWarps][kMaxSplits];
-  const detail::AttnParams& a = p.a;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const std::int64_t rows = a.batch * a.heads_q * a.seqlen_q;
-  const std::int64_t row = blockIdx.x * std::int64_t{kCombineWarps} + warp;
-  wait_for_prior_grid();  // the decode kernel's parts
-  if (row >= rows) return;
-  const std::int64_t t = row % a.seqlen_q, h = row / a.seqlen_q % a.heads_q, b = row / (a.seqlen_q * a.heads_q);
-  const int dv = static_cast<int>(a.hdim_v);
-  Element* out = static_cast<Element*>(a.out) + b * a.out_stride.batch + t * a.out_stride.row + h * a.out_stride.head;
-  float* lse = a.lse != nullptr ? a.lse + b * a.lse_stride.batch + h * a.lse_stride.head + t * a.lse_stride.row
-                                : nullptr;
-  if (status_bad(*p.status, a.seqlen_k)) {  // nan_on_bad: capturing or async_index_check; else the host refuses
-    if (!p.nan_on_bad) return;
-    for (int c = lane; c < dv; c += 32) out[c] = Element(NAN);
-    if (lane == 0 && lse != nullptr) *lse = NAN;
-    return;
-  }
-  float* w = weights[warp];
-  for (int s = lane; s < p.splits; s += 32) w[s] = p.lse_part[s * rows + row];
-  __syncwarp();
-  const float l = merged_lse([&](int s) { return w[s]; }, p.splits);
-  __syncwarp();  // every lane has read the LSEs before they become weights
-  for (int s = lane; s < p.splits; s += 32) w[s] = part_weight(w[s], l);
-  __syncwarp();
-  const int c = 4 * lane;  // hdim_v is a multiple of 8 and at most 128: the lanes below dv / 4 own the columns
-  if (c < dv) {
-    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-    constexpr int kInFlight = 8;
-    for (int s0 = 0; s0 < p.splits; s0 += kInFlight) {
-      float4 part[kInFlight];
-      float wi[kInFlight];
-#pragma unroll
-      for (int i = 0; i < kInFlight; ++i) {
-        const bool in = s0 + i < p.splits;
-        part[i] = in ? *reinterpret_cast<const float4*>(p.o_part + ((s0 + i) * rows + row) * dv + c)
-                     : make_float4(0.f, 0.f, 0.f, 0.f);
-        wi[i] = in ? w[s0 + i] : 0.f;
-      }
-#pragma unroll
-      for (int i = 0; i < kInFlight; ++i) {
-        o.x += wi[i] * part[i].x;
-        o.y += wi[i] * part[i].y;
-        o.z += wi[i] * part[i].z;
-        o.w += wi[i] * part[i].w;
-      }
-    }
-    out[c] = Element(o.x);
-    out[c + 1] = Element(o.y);
-    out[c + 2] = Element(o.z);
-    out[c + 3] = Element(o.w);
-  }
-  if (lane == 0 && lse != nullptr) *lse = l;
 }
 
 unsigned blocks_for(std::int64_t n, int threads) {
@@ -161,14 +104,6 @@ cudaError_t run_check(const DecodeParams& p, cudaStream_t stream) {
   if (e != cudaSuccess) return e;
   check_kernel<<<blocks_for(check_count(p.a), 256), 256, 0, stream>>>(p);
   return cudaGetLastError();
-}
-
-cudaError_t run_combine(bool fp16, const DecodeParams& p, cudaStream_t stream) {
-  const std::int64_t rows = p.a.batch * p.a.heads_q * p.a.seqlen_q;
-  if (rows == 0) return cudaSuccess;
-  const auto blocks = static_cast<unsigned>((rows + kCombineWarps - 1) / kCombineWarps);
-  if (fp16) return launch_dependent(combine_kernel<cutlass::half_t>, blocks, kCombineWarps * 32, 0, stream, p);
-  return launch_dependent(combine_kernel<cutlass::bfloat16_t>, blocks, kCombineWarps * 32, 0, stream, p);
 }
 
 }  // namespace flashtile::cuda::decode

@@ -1,8 +1,7 @@
-// Programmatic dependent launch (compute capability 9.0) for the decode path's kernel chain: the prepare kernel
-// lets the decode kernel start launching while it runs, and the decode kernel lets the combine kernel; each
-// dependent kernel waits for its predecessor's completion (and the visibility of its writes) before it reads
-// anything that one wrote. A decode step is a chain of short kernels, so the launch latency it hides is a
-// noticeable part of the step. CUDA sources only (the launch is the runtime's C++ template).
+// Programmatic dependent launch (compute capability 9.0) for the decode path's two kernels: the index check lets
+// the decode kernel start launching while it runs, and the decode kernel waits for the check's completion (and the
+// visibility of its writes) before it reads anything the check wrote. A decode step is short, so the launch latency
+// this hides is a noticeable part of it. CUDA sources only (the launch is the runtime's C++ template).
 #pragma once
 
 #include <cuda_runtime.h>

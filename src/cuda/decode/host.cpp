@@ -132,7 +132,7 @@ std::string Plan::reason() const {
 
 // FlashAttention's split heuristic: the wave efficiency of s splits is waves / ceil(waves) with waves = ctas · s /
 // (SMs · CTAs per SM); the fewest splits reaching 95 % of the best efficiency win (a partial last wave leaves SMs
-// idle, more splits cost a larger combine). A wave counts one 16-row CTA per SM: one such CTA draws its SM's share
+// idle, more splits cost a larger merge). A wave counts one 16-row CTA per SM: one such CTA draws its SM's share
 // of the memory bandwidth alone, so a second on the same SM adds nothing and SMs holding two finish last. Measured
 // on the H200 (bench/results/h200-decode-ab.md, 2026-12-04): batch 8, 32k keys, 2 splits (128 CTAs) as fast as 4;
 // batch 1, 32k keys, 16 splits (128 CTAs) 37.7 us against 39.0 us for 29 (232 CTAs, 100 SMs holding two). The
@@ -189,7 +189,7 @@ void can_run(const AttnParams& p, DecodeMma mma, int smem_optin, detail::Reasons
                   std::to_string(smem) + " bytes per block, the GPU allows " + std::to_string(smem_optin));
   if (p.num_splits > kMaxSplits)
     why.push_back("num_splits = " + std::to_string(p.num_splits) + " > " + std::to_string(kMaxSplits) +
-                  " (the combine kernel's limit)");
+                  " (the split merge's limit)");
 }
 
 void describe(const AttnParams& p, DecodeMma mma, KernelInfo& k) {
@@ -212,7 +212,7 @@ void describe(const AttnParams& p, DecodeMma mma, KernelInfo& k) {
                                         : " (4 warps x 16 rows)")
     << " stages=" << decode_stages(d.bucket) << " (cp.async ring, K and V) smem="
     << decode_smem_bytes(d.bucket, d.rows_per_tile)
-    << "B splits=" << d.splits << " (" << d.reason() << ")" << (d.splits > 1 ? " + combine kernel" : "")
+    << "B splits=" << d.splits << " (" << d.reason() << ")" << (d.splits > 1 ? " merged by each row tile's last split CTA" : "")
     << (p.page_table != nullptr ? " paged: page_size=" + std::to_string(p.page_size) : std::string(" contiguous"))
     << " index check: device-side, " << (check_in_one_cta(p) ? "one CTA" : "grid-wide") << " (" << check_count(p)
     << " entries), "
@@ -236,16 +236,16 @@ void run(const AttnParams& p, DecodeMma mma, const char* backend) {
   k.rows_per_tile = d.rows_per_tile;
   k.num_slots = p.cache_slots;
   k.nan_on_bad = capture != cudaStreamCaptureStatusNone || p.async_index_check;
-  const std::size_t bytes = workspace_bytes(p, d.splits);
-  Workspace ws(p, bytes, stream, backend);
+  const WorkspaceParts parts = workspace_parts(p, d.splits);
+  Workspace ws(p, parts.bytes, stream, backend);
   char* base = ws.data();
   k.status = reinterpret_cast<Status*>(base);
   if (d.splits > 1) {
-    const auto rows = static_cast<std::size_t>(d.splits) * static_cast<std::size_t>(p.batch * p.heads_q * p.seqlen_q);
-    k.o_part = reinterpret_cast<float*>(base + 256);
-    k.lse_part = reinterpret_cast<float*>(base + 256 + (rows * static_cast<std::size_t>(p.hdim_v) * 4 + 255) / 256 * 256);
+    k.split_counts = reinterpret_cast<int*>(base + parts.counts);
+    k.o_part = reinterpret_cast<float*>(base + parts.o_part);
+    k.lse_part = reinterpret_cast<float*>(base + parts.lse_part);
   }
-  // Reset and index check, then the decode (which appends) and the combine, each launched as soon as the one before
+  // Reset and index check, then the decode (which appends and merges the splits), launched as soon as the check
   // allows (compute capability >= 9.0). Eager, the host then waits for the verdict alone (published to pinned memory
   // by the check's one CTA, or by the decode's first CTA after a grid-wide check) while the decode runs; the decode
   // kernels do nothing on a bad verdict, so a refusal thrown after they were queued still leaves everything unchanged.

@@ -67,8 +67,9 @@ struct Traits {
   static constexpr int kSmemQ = kRows * kHeadDim;
   static constexpr int kSmemBytes = (kSmemQ + 2 * kStages * kStageElems) * int(sizeof(Element));
   static_assert(kSmemBytes == decode_smem_bytes(kHeadDim, kRows));
-  // The epilogue's fp32 outputs and LSEs of the parts (kParts > 1, store_rows) reuse the K/V ring.
+  // The epilogue's fp32 outputs and LSEs of the parts (kParts > 1, store_rows) and the split merge reuse the K/V ring.
   static_assert(merge_smem_bytes<kRows, kHeadDim, kParts>() <= 2 * kStages * kStageElems * int(sizeof(Element)));
+  static_assert(split_merge_smem_bytes(kThreads) <= 2 * kStages * kStageElems * int(sizeof(Element)));
 };
 
 template <class Tr, class V>
@@ -174,9 +175,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     cp_async_fence();
   }
 
-  // Epilogue (kernel_parts.h): one part's rows straight from registers, or four parts merged through shared memory.
-  // The combine kernel may start launching now (it waits for this grid's completion before it reads a part).
-  allow_dependents();
+  // Epilogue (kernel_parts.h): one part's rows straight from registers, or four parts merged through shared memory;
+  // then, with splits, the last split's CTA merges the splits.
   float lse[kRows];
   softmax.finalize(acc_o_rc, score_scale, lse);
   Tensor tOcO = thr_mma.partition_C(make_identity_tensor(Shape<Int<kTileRows>, Int<kD>>{}));
@@ -189,6 +189,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     store_rows<Element, kTileRows, kD, Tr::kParts>(p, c, acc_o_rc, tOcO_rc, lse, part,
                                                    reinterpret_cast<float*>(smem_k));
   }
+  merge_splits<Element>(p, c, kThreads, reinterpret_cast<float*>(smem_k), [] { __syncthreads(); });
 }
 
 }  // namespace flashtile::cuda::decode

@@ -75,7 +75,8 @@ CUTE_DEVICE CtaPlace cta_place(const DecodeParams& p, int tile_rows) {
 }
 
 // What every CTA does first: waits for the index check's verdict (publishing it after a grid-wide check), stops
-// on a bad one (NaN in out and lse where the host does not read the verdict back), appends its share of the new
+// on a bad one (NaN in out and lse where the host does not read the verdict back, written by split 0's CTA of the
+// rows), appends its share of the new
 // rows. False: the CTA has nothing more to do. Every thread of the CTA calls it; its writes are the first kThreads
 // threads'.
 template <class Element>
@@ -86,7 +87,7 @@ CUTE_DEVICE bool begin_cta(const DecodeParams& p, const CtaPlace& c) {
     publish(p, p.status->first_bad, p.status->longest);
   if (c.hk >= a.heads_kv) return false;  // the one CTA of a grid without KV heads, there to publish
   if (status_bad(*p.status, a.seqlen_k)) {  // the check kernel refused an index: nothing is read or written
-    if (p.nan_on_bad && p.splits == 1 && threadIdx.x < kThreads) {
+    if (p.nan_on_bad && c.split == 0 && threadIdx.x < kThreads) {  // one CTA of the splits writes the rows' NaN
       const int hdim_v = static_cast<int>(a.hdim_v);
       Element* out = static_cast<Element*>(a.out);
       for (int i = threadIdx.x; i < c.nrows * hdim_v; i += kThreads) {
@@ -413,6 +414,78 @@ CUTE_DEVICE void store_rows(const DecodeParams& p, const CtaPlace& c, O const& a
     } else {
       *reinterpret_cast<float4*>(p.o_part + part_row(pr) * a.hdim_v + col) = o;
     }
+  }
+}
+
+// The split-KV merge in the decode kernel itself: each split's CTA leaves its normalised part (o_part, lse_part)
+// and counts itself in its group's split count (zeroed by the index check of the same call); the CTA that counts
+// last merges the group's parts (core/merge_rule.h) into out and lse. It replaced a combine kernel, which at batch 1,
+// 32k keys (16 splits) ended 7.9 us after the decode kernel on the H200 (bench/results/h200-decode-chain.json): a
+// launch and a grid-completion wait, for 32 rows of reads. The last CTA's merge reads what the others wrote after
+// their fence and count (the threadFenceReduction pattern), from L2 (__ldcg). One warp per row, each lane four
+// adjacent columns, the splits' loads eight at a time. Called by the `threads` threads that wrote the part (sync:
+// their barrier), with `scratch` shared memory no longer in use (the K/V ring) of 32 + kMaxSplits floats per warp.
+constexpr int split_merge_smem_bytes(int threads) { return (32 + threads / 32 * kMaxSplits) * 4; }
+template <class Element, class Sync>
+CUTE_DEVICE void merge_splits(const DecodeParams& p, const CtaPlace& c, int threads, float* scratch, Sync sync) {
+  if (p.splits == 1) return;
+  const detail::AttnParams& a = p.a;
+  int* last = reinterpret_cast<int*>(scratch);
+  __threadfence();  // this thread's part, device-wide, before the CTA counts itself in
+  sync();
+  if (threadIdx.x == 0) {
+    int* count = p.split_counts + (std::int64_t{c.b} * a.heads_kv + c.hk) * p.row_tiles + blockIdx.x % p.row_tiles;
+    *last = atomicAdd(count, 1) == p.splits - 1;
+  }
+  sync();
+  if (*last == 0) return;
+  __threadfence();  // the other splits' parts were counted in after their fences
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float* w = scratch + 32 + warp * kMaxSplits;
+  const std::int64_t rows = a.batch * a.heads_q * a.seqlen_q;
+  const int dv = static_cast<int>(a.hdim_v);
+  for (int r = warp; r < c.nrows; r += threads / 32) {
+    const PackedRow pr = packed_row(c.r0 + r, c.group, c.hk);
+    const std::int64_t row = (c.b * a.heads_q + pr.head) * a.seqlen_q + pr.token;
+    for (int s = lane; s < p.splits; s += 32) w[s] = __ldcg(p.lse_part + s * rows + row);
+    __syncwarp();
+    const float l = merged_lse([&](int s) { return w[s]; }, p.splits);
+    __syncwarp();  // every lane has read the LSEs before they become weights
+    for (int s = lane; s < p.splits; s += 32) w[s] = part_weight(w[s], l);
+    __syncwarp();
+    const int col = 4 * lane;  // hdim_v is a multiple of 8 and at most 128: the lanes below dv / 4 own the columns
+    if (col < dv) {
+      float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+      constexpr int kInFlight = 8;
+      for (int s0 = 0; s0 < p.splits; s0 += kInFlight) {
+        float4 part[kInFlight];
+        float wi[kInFlight];
+        CUTE_UNROLL
+        for (int i = 0; i < kInFlight; ++i) {
+          const bool in = s0 + i < p.splits;
+          part[i] = in ? __ldcg(reinterpret_cast<const float4*>(p.o_part + ((s0 + i) * rows + row) * dv + col))
+                       : make_float4(0.f, 0.f, 0.f, 0.f);
+          wi[i] = in ? w[s0 + i] : 0.f;
+        }
+        CUTE_UNROLL
+        for (int i = 0; i < kInFlight; ++i) {
+          o.x += wi[i] * part[i].x;
+          o.y += wi[i] * part[i].y;
+          o.z += wi[i] * part[i].z;
+          o.w += wi[i] * part[i].w;
+        }
+      }
+      cutlass::Array<Element, 4> v;
+      v[0] = Element(o.x);
+      v[1] = Element(o.y);
+      v[2] = Element(o.z);
+      v[3] = Element(o.w);
+      *reinterpret_cast<cutlass::Array<Element, 4>*>(static_cast<Element*>(a.out) + c.b * a.out_stride.batch +
+                                                     pr.token * a.out_stride.row + pr.head * a.out_stride.head + col) = v;
+    }
+    if (lane == 0 && a.lse != nullptr)
+      a.lse[c.b * a.lse_stride.batch + pr.head * a.lse_stride.head + pr.token * a.lse_stride.row] = l;
+    __syncwarp();  // the weights are read before the next row's LSEs take their place
   }
 }
 

@@ -165,12 +165,14 @@ __global__ void __launch_bounds__(Tr::kCtaThreads, Tr::kCtasPerSm) decode_wg_ker
     cutlass::arch::ClusterBarrier::arrive(&empty[stage]);  // both products of the stage are done
   }
 
-  allow_dependents();
   float lse[kRows];
   softmax.finalize(acc_o_rc, score_scale, lse);
   Tensor tOcO = thr_pv.partition_C(make_identity_tensor(Shape<Int<kTileRows>, Int<kD>>{}));
   Tensor tOcO_rc = make_tensor(tOcO.data(), sm90::acc_rowcol(tOcO.layout()));
   store_own_rows<Element>(p, c, acc_o_rc, tOcO_rc, lse);
+  // The producer warp has left: the consumers' barrier. The ring's tiles are all consumed.
+  static_assert(split_merge_smem_bytes(kThreads) <= 2 * kStages * Tr::kStageElems * int(sizeof(Element)));
+  merge_splits<Element>(p, c, kThreads, reinterpret_cast<float*>(smem_k), sync_consumers);
 #endif
 }
 

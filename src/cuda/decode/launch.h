@@ -12,12 +12,10 @@ struct Variant;
 
 namespace flashtile::cuda::decode {
 
-// Resets the status and runs the device-side index check: one CTA in one launch while the checks fit it (it also
-// publishes the verdict; params.h check_in_one_cta), else a memset and a grid-wide kernel (the decode kernel then
-// publishes).
+// Resets the status and the split counts and runs the device-side index check: one CTA in one launch while the
+// checks fit it (it also publishes the verdict; params.h check_in_one_cta), else a memset and a grid-wide kernel (the
+// decode kernel then publishes).
 cudaError_t run_check(const DecodeParams& p, cudaStream_t stream);  // aux.cu
-// Merges the splits' parts into out / lse (splits > 1).
-cudaError_t run_combine(bool fp16, const DecodeParams& p, cudaStream_t stream);  // aux.cu
 // The decode kernel (decode/kernel.h); explicit instantiations in src/cuda/instances/decode_*.cu.
 template <class Element, int kHeadDim, class V>
 cudaError_t run_decode(const DecodeParams& p, cudaStream_t stream);

@@ -76,6 +76,7 @@ FT_HOST_DEVICE bool status_bad(const Status& s, std::int64_t bound) {
 
 struct DecodeParams : FwdParams {
   Status* status = nullptr;   // workspace: the check kernel's verdict; the decode kernel does nothing when bad
+  int* split_counts = nullptr;  // workspace, splits > 1: [B, Hkv, row_tiles] splits done, zeroed by the check
   float* o_part = nullptr;    // workspace, splits > 1: [splits, B, Hq, Sq, Dv] fp32, normalised per split
   float* lse_part = nullptr;  // workspace, splits > 1: [splits, B, Hq, Sq] fp32 (natural log)
   int splits = 1;
@@ -88,18 +89,33 @@ struct DecodeParams : FwdParams {
   Status* host_status = nullptr;
   unsigned ticket = 0;
   bool decode_publishes = false;  // the grid-wide check: the decode kernel's first CTA publishes its verdict
-  bool dependent_launch = false;  // compute capability >= 9.0: the decode and combine launched programmatically
+  bool dependent_launch = false;  // compute capability >= 9.0: the decode launched programmatically after the check
 };
 
-// Workspace layout: Status (256 bytes), then o_part and lse_part when splits > 1 (each 256-byte aligned).
-inline std::size_t workspace_bytes(const detail::AttnParams& p, int splits) {
+// The (sequence, KV head, row tile) groups whose splits merge into one tile of rows: one split count each.
+FT_HOST_DEVICE std::int64_t split_groups(const detail::AttnParams& p) {
+  const std::int64_t group = p.heads_kv > 0 ? p.heads_q / p.heads_kv : 0;
+  const std::int64_t rows = group * p.seqlen_q, tile = rows_per_tile(rows), tiles = (rows + tile - 1) / tile;
+  return p.batch * p.heads_kv * (tiles > 1 ? tiles : 1);
+}
+
+// Workspace layout: Status (256 bytes), then, when splits > 1, split_counts, o_part and lse_part (each 256-byte
+// aligned; workspace_parts gives their offsets).
+struct WorkspaceParts {
+  std::size_t counts = 0, o_part = 0, lse_part = 0, bytes = 256;
+};
+inline WorkspaceParts workspace_parts(const detail::AttnParams& p, int splits) {
   auto round = [](std::size_t x) { return (x + 255) / 256 * 256; };
-  std::size_t bytes = 256;
+  WorkspaceParts w;
   if (splits > 1) {
     const auto rows = static_cast<std::size_t>(splits) * static_cast<std::size_t>(p.batch * p.heads_q * p.seqlen_q);
-    bytes += round(rows * static_cast<std::size_t>(p.hdim_v) * 4) + round(rows * 4);
+    w.counts = w.bytes;
+    w.o_part = w.counts + round(static_cast<std::size_t>(split_groups(p)) * 4);
+    w.lse_part = w.o_part + round(rows * static_cast<std::size_t>(p.hdim_v) * 4);
+    w.bytes = w.lse_part + round(rows * 4);
   }
-  return bytes;
+  return w;
 }
+inline std::size_t workspace_bytes(const detail::AttnParams& p, int splits) { return workspace_parts(p, splits).bytes; }
 
 }  // namespace flashtile::cuda::decode
