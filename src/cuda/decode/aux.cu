@@ -52,7 +52,7 @@ __device__ void check_indices(const DecodeParams& p, std::int64_t begin, std::in
 // every call: the check, which runs first in every call, zeroes them (i = begin, begin + step, ...).
 __device__ void zero_split_counts(const DecodeParams& p, std::int64_t begin, std::int64_t step) {
   if (p.split_counts == nullptr) return;
-  const std::int64_t n = split_groups(p.a);
+  const std::int64_t n = p.a.batch * p.a.heads_kv * p.row_tiles;  // as merge_splits indexes them (params.h split_groups)
   for (std::int64_t i = begin; i < n; i += step) p.split_counts[i] = 0;
 }
 

@@ -348,6 +348,18 @@ CUTE_DEVICE void store_own_rows(const DecodeParams& p, const CtaPlace& c, O cons
   }
 }
 
+// Four adjacent columns [col, col + 4) of O for packed row pr of sequence b, to out in its dtype.
+template <class Element>
+CUTE_DEVICE void store_out4(const detail::AttnParams& a, int b, const PackedRow& pr, int col, float4 o) {
+  cutlass::Array<Element, 4> v;
+  v[0] = Element(o.x);
+  v[1] = Element(o.y);
+  v[2] = Element(o.z);
+  v[3] = Element(o.w);
+  *reinterpret_cast<cutlass::Array<Element, 4>*>(static_cast<Element*>(a.out) + b * a.out_stride.batch +
+                                                 pr.token * a.out_stride.row + pr.head * a.out_stride.head + col) = v;
+}
+
 // The epilogue of a tile split into parts along the keys: each part's normalised O and LSE through shared memory
 // `so` (the K/V ring, free once every copy has landed: fp32 [parts][rows][kD], then the LSEs, the weights (both
 // [parts][rows]) and the merged LSEs [rows]), merged over the parts (core/merge_rule.h) and written to out / lse, or
@@ -404,13 +416,7 @@ CUTE_DEVICE void store_rows(const DecodeParams& p, const CtaPlace& c, O const& a
     }
     const PackedRow pr = packed_row(c.r0 + r, c.group, c.hk);
     if (p.splits == 1) {
-      cutlass::Array<Element, 4> v;
-      v[0] = Element(o.x);
-      v[1] = Element(o.y);
-      v[2] = Element(o.z);
-      v[3] = Element(o.w);
-      *reinterpret_cast<cutlass::Array<Element, 4>*>(static_cast<Element*>(a.out) + c.b * a.out_stride.batch +
-                                                     pr.token * a.out_stride.row + pr.head * a.out_stride.head + col) = v;
+      store_out4<Element>(a, c.b, pr, col, o);
     } else {
       *reinterpret_cast<float4*>(p.o_part + part_row(pr) * a.hdim_v + col) = o;
     }
@@ -475,13 +481,7 @@ CUTE_DEVICE void merge_splits(const DecodeParams& p, const CtaPlace& c, int thre
           o.w += wi[i] * part[i].w;
         }
       }
-      cutlass::Array<Element, 4> v;
-      v[0] = Element(o.x);
-      v[1] = Element(o.y);
-      v[2] = Element(o.z);
-      v[3] = Element(o.w);
-      *reinterpret_cast<cutlass::Array<Element, 4>*>(static_cast<Element*>(a.out) + c.b * a.out_stride.batch +
-                                                     pr.token * a.out_stride.row + pr.head * a.out_stride.head + col) = v;
+      store_out4<Element>(a, c.b, pr, col, o);
     }
     if (lane == 0 && a.lse != nullptr)
       a.lse[c.b * a.lse_stride.batch + pr.head * a.lse_stride.head + pr.token * a.lse_stride.row] = l;

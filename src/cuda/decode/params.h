@@ -92,10 +92,10 @@ struct DecodeParams : FwdParams {
   bool dependent_launch = false;  // compute capability >= 9.0: the decode launched programmatically after the check
 };
 
-// The (sequence, KV head, row tile) groups whose splits merge into one tile of rows: one split count each.
-FT_HOST_DEVICE std::int64_t split_groups(const detail::AttnParams& p) {
-  const std::int64_t group = p.heads_kv > 0 ? p.heads_q / p.heads_kv : 0;
-  const std::int64_t rows = group * p.seqlen_q, tile = rows_per_tile(rows), tiles = (rows + tile - 1) / tile;
+// The (sequence, KV head, row tile) groups whose splits merge into one tile of rows: one split count each (the
+// host's count for the workspace; the kernels index the counts with DecodeParams' row_tiles, the same value).
+inline std::int64_t split_groups(const detail::AttnParams& p) {
+  const std::int64_t rows = p.group() * p.seqlen_q, tile = rows_per_tile(rows), tiles = (rows + tile - 1) / tile;
   return p.batch * p.heads_kv * (tiles > 1 ? tiles : 1);
 }
 
