@@ -9,7 +9,7 @@ the same over its kernels.
 
     python3 bench/decode_chain.py --lib build/gpu/src/libflashtile_capi.so --cells 8:32768:0,8:32768:64
 
-A cell is batch:keys:page (Sq = 1; --sq for 16). --only ft|cudnn with --calls N runs N calls of one side without the
+A cell is batch:keys:page (Sq = 1; --sq for 16); 8:32768:64h stores the caches heads-major (make_cell). --only ft|cudnn with --calls N runs N calls of one side without the
 profiler, inside an NVTX range "timed", for ncu (`ncu --nvtx --nvtx-include timed/ ... --only ft`).
 
 --libs A=a.so,B=b.so is an A/B of builds in one process (A=a.so@cuda-sm80: that build on that backend; default auto): per cell, every build's chain and cuDNN's in --rounds
@@ -33,19 +33,26 @@ from gpu_decode import D, FT_FIRST_OPS, HKV, HQ  # noqa: E402
 from gpu_profile import cuda_events  # noqa: E402
 
 
-def make_cell(ft, batch, keys, page, sq, splits=0, peer=True, backend="auto"):
-    """FlashTile's call on a fresh cell, cuDNN's on its contiguous twin (None without `peer`), and K+V bytes."""
+def make_cell(ft, batch, keys, page, sq, splits=0, peer=True, backend="auto", heads_major=False):
+    """FlashTile's call on a fresh cell, cuDNN's on its contiguous twin (None without `peer`), and K+V bytes.
+    heads_major: every cache (FlashTile's and cuDNN's twin) is stored head by head, (slots, Hkv, rows, D) seen as
+    (slots, rows, Hkv, D) through its strides, so that one KV head's keys are contiguous in memory."""
     g = torch.Generator(device="cuda").manual_seed(keys + 7 * batch + sq)
     bf = dict(device="cuda", dtype=torch.bfloat16, generator=g)
+
+    def cache(slots, rows):
+        if heads_major:
+            return torch.randn(slots, HKV, rows, D, **bf).transpose(1, 2)
+        return torch.randn(slots, rows, HKV, D, **bf)
     q = torch.randn(batch, sq, HQ, D, **bf)
     out = torch.empty_like(q)
     lens = torch.full((batch,), keys - sq, dtype=torch.int32, device="cuda")
     if page:
         pages = batch * keys // page
-        k, v = torch.randn(pages, page, HKV, D, **bf), torch.randn(pages, page, HKV, D, **bf)
+        k, v = cache(pages, page), cache(pages, page)
         table = torch.randperm(pages, device="cuda", generator=g).to(torch.int32).reshape(batch, keys // page)
     else:
-        k, v = torch.randn(batch, keys, HKV, D, **bf), torch.randn(batch, keys, HKV, D, **bf)
+        k, v = cache(batch, keys), cache(batch, keys)
         table = None
     k_new, v_new = torch.randn(batch, sq, HKV, D, **bf), torch.randn(batch, sq, HKV, D, **bf)
     ft_call = ft.kvcache_call(q, k, v, out, cache_seqlens=lens, block_table=table, k_new=k_new, v_new=v_new,
@@ -54,8 +61,8 @@ def make_cell(ft, batch, keys, page, sq, splits=0, peer=True, backend="auto"):
     kv_bytes = batch * keys * HKV * 2 * D * 2
     if not peer:
         return ft_call, None, kv_bytes
-    kc = torch.randn(batch, keys, HKV, D, **bf) if page else k  # cuDNN has no paged form: the contiguous twin
-    vc = torch.randn(batch, keys, HKV, D, **bf) if page else v
+    kc = cache(batch, keys) if page else k  # cuDNN has no paged form: the contiguous twin
+    vc = cache(batch, keys) if page else v
     qt, kt, vt = q.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2)
 
     def cudnn_call():
@@ -87,6 +94,16 @@ def chain(fn, calls, first):
     return rows, period, span
 
 
+def parse_cell(spec):
+    """batch:keys:page, page 0 = contiguous; a trailing h on the page (8:32768:64h) stores the caches heads-major."""
+    batch, keys, page = spec.split(":")
+    return int(batch), int(keys), int(page.rstrip("h")), page.endswith("h")
+
+
+def cell_name(batch, keys, page, heads_major):
+    return f"batch={batch} keys={keys} page={page or 'contiguous'}{'/heads-major' if heads_major else ''}"
+
+
 def ab(args):
     """The --libs A/B: per cell, the median over rounds of each call's period and of its longest kernel."""
     libs = dict(kv.split("=", 1) for kv in args.libs.split(","))
@@ -97,25 +114,24 @@ def ab(args):
     sweep = [int(x) for x in args.splits_sweep.split(",")] if args.splits_sweep else []
     ft_first = lambda n: any(f in n for f in FT_FIRST_OPS)
     for spec in args.cells.split(","):
-        batch, keys, page = (int(x) for x in spec.split(":"))
+        batch, keys, page, hm = parse_cell(spec)
         first = next(iter(fts))
         ft_call, cudnn_call, kv_bytes = make_cell(fts[first], batch, keys, page, args.sq, args.splits,
-                                                  backend=backends[first])
+                                                  backend=backends[first], heads_major=hm)
         calls = {first: (ft_call, ft_first)}
         for name, ft in list(fts.items())[1:]:  # one cuDNN twin per cell, not one per build
             calls[name] = (make_cell(ft, batch, keys, page, args.sq, args.splits, peer=False,
-                                     backend=backends[name])[0], ft_first)
+                                     backend=backends[name], heads_major=hm)[0], ft_first)
         for n in sweep:
             calls[f"{first}/splits={n}"] = (make_cell(fts[first], batch, keys, page, args.sq, n, peer=False,
-                                                      backend=backends[first])[0], ft_first)
+                                                      backend=backends[first], heads_major=hm)[0], ft_first)
         calls["cuDNN"] = (cudnn_call, None)
 
         def timer(entry):
             rows, period, _ = chain(entry[0], args.calls, entry[1])
             return period, max(d for _, _, d in rows)
         times = shuffled_rounds(calls, args.rounds, timer)
-        print(f"cell: Sq={args.sq} batch={batch} keys={keys} page={page or 'contiguous'} (K+V {kv_bytes / 1e6:.0f} MB), "
-              f"{args.rounds} rounds")
+        print(f"cell: Sq={args.sq} {cell_name(batch, keys, page, hm)} (K+V {kv_bytes / 1e6:.0f} MB), {args.rounds} rounds")
         for name, ts in times.items():
             period = statistics.median(t[0] for t in ts)
             kernel = statistics.median(t[1] for t in ts)
@@ -142,8 +158,9 @@ def main():
         return ab(args)
     ft = FlashTile(find_lib(args.lib))
     for spec in args.cells.split(","):
-        batch, keys, page = (int(x) for x in spec.split(":"))
-        ft_call, cudnn_call, kv_bytes = make_cell(ft, batch, keys, page, args.sq, args.splits, backend=args.backend)
+        batch, keys, page, hm = parse_cell(spec)
+        ft_call, cudnn_call, kv_bytes = make_cell(ft, batch, keys, page, args.sq, args.splits, backend=args.backend,
+                                                  heads_major=hm)
         if args.only:
             fn = ft_call if args.only == "ft" else cudnn_call
             fn()
@@ -154,8 +171,7 @@ def main():
             torch.cuda.synchronize()
             torch.cuda.nvtx.range_pop()
             continue
-        print(f"cell: Sq={args.sq} batch={batch} keys={keys} page={page or 'contiguous'} "
-              f"(K+V {kv_bytes / 1e6:.0f} MB)")
+        print(f"cell: Sq={args.sq} {cell_name(batch, keys, page, hm)} (K+V {kv_bytes / 1e6:.0f} MB)")
         for name, fn, first in (("FlashTile", ft_call, lambda n: any(f in n for f in FT_FIRST_OPS)),
                                 ("cuDNN", cudnn_call, None)):
             rows, period, span = chain(fn, args.calls, first)
