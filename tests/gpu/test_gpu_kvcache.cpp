@@ -192,6 +192,12 @@ std::vector<KvCase> gpu_grid() {
                                             DType::bfloat16), 1, 64);
   longseq.expect_split = true;
   out.push_back(longseq);
+  // One split over long sequences with small pages: each copier warp crosses several of its 32-group windows of
+  // block-table entries (kernel_parts.h KvLoader::place), with the append in the last one.
+  KvCase windows = ft_test::kv(ft_test::var("Long5k_one_split_paged16_g4", 2, 1, {5000, 2300}, 8, 2, 128, 128,
+                                            DType::bfloat16), 1, 16);
+  windows.splits = 1;
+  out.push_back(windows);
   // Issue 14's shape (GQA 32/8, hdim 128) with 16 new tokens (speculative decoding), paged 64, causal.
   KvCase spec = ft_test::kv(ft_test::var("Gqa32x8_sq16_paged64_causal", 2, 16, {4100, 3000}, 32, 8, 128, 128,
                                          DType::bfloat16), 16, 64);
