@@ -210,7 +210,7 @@ void describe(const AttnParams& p, DecodeMma mma, KernelInfo& k) {
     << (d.rows_per_tile == kRowsPerTile ? " (4 warps x 16 keys, merged at the end)"
         : wgmma                         ? " (1 warpgroup: wgmma reads each K and V tile once; a producer warp fills the ring)"
                                         : " (4 warps x 16 rows)")
-    << " stages=" << decode_stages(d.bucket) << " (cp.async ring, K and V) smem="
+    << " stages=" << decode_stages(d.bucket, d.rows_per_tile) << " (cp.async ring, K and V) smem="
     << decode_smem_bytes(d.bucket, d.rows_per_tile)
     << "B splits=" << d.splits << " (" << d.reason() << ")" << (d.splits > 1 ? " merged by each row tile's last split CTA" : "")
     << (p.page_table != nullptr ? " paged: page_size=" + std::to_string(p.page_size) : std::string(" contiguous"))

@@ -36,9 +36,9 @@ struct Traits {
   static constexpr int kRows = 16 * kRowWarps;          // rows per tile
   static constexpr int kPartN = kBlockN / kParts;       // keys per part per tile
   static_assert(kHeadDim % 64 == 0 && kPartN % 16 == 0 && (kRowWarps == 1 || kRowWarps == kWarps));
-  // Bytes in flight per CTA: (kStages - 1) · 64 keys · (D + D) · 2 = 64 KB at hdim 128 (two CTAs per H200 SM);
-  // hdim 64 takes one stage more for the same bytes.
-  static constexpr int kStages = decode_stages(kHeadDim);
+  // The ring: kStages · 64 keys · (D + D) · 2 bytes per CTA (params.h decode_stages: 64 KB with 16 rows at hdim
+  // 128, 96 KB with 64 rows; hdim 64 takes more stages for the same bytes).
+  static constexpr int kStages = decode_stages(kHeadDim, kRows);
   using TiledMma = TiledMMA<MmaAtomFor<Element>, Layout<Shape<Int<kRowWarps>, _1, _1>>,
                             Tile<Int<16 * kRowWarps>, _16, _16>>;
   using Atom = sm80::SmemAtom<Element, kHeadDim>;

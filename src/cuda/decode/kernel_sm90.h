@@ -32,7 +32,7 @@ struct WgTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kRows = kRowsPerTileTall;  // wgmma's M: one warpgroup
-  static constexpr int kStages = decode_stages(kHeadDim);
+  static constexpr int kStages = decode_stages(kHeadDim, kRows);
   static constexpr int kCtaThreads = kWgmmaThreads;  // the consumer warpgroup, then the producer warp
   using SmemAtom = decltype(sm90::smem_atom_k_major<Element, kHeadDim>());
   static_assert(kHeadDim % 64 == 0, "the loader's 16-row groups assume 128-byte swizzled atoms of 64 columns");

@@ -37,10 +37,13 @@ constexpr int decode_bucket(std::int64_t d) {
     if (d <= b) return b;
   return 0;
 }
-// Ring stages of K and V (decode/kernel.h Traits, which asserts the shared-memory size against this).
-constexpr int decode_stages(int bucket) { return bucket <= 64 ? 4 : 3; }
+// Ring stages of K and V (decode/kernel.h and kernel_sm90.h Traits, which assert the shared-memory size against
+// this). The 16-row kernel at hdim 128 keeps two, 64 KB per CTA, as many bytes as cuDNN's decode kernel holds: the
+// DRAM reads faster with fewer requests outstanding (H100, 2026-12-07, bench/results/h200-decode-ab.md: two stages
+// 0.6-1.3 % faster than three at batch 8 and 16, six 0.5-1.5 % slower, and 15 % slower with one split).
+constexpr int decode_stages(int bucket, int rows) { return bucket <= 64 ? 4 : rows == kRowsPerTile ? 2 : 3; }
 constexpr int decode_smem_bytes(int bucket, int rows) {
-  return (rows * bucket + 2 * decode_stages(bucket) * kBlockN * bucket) * 2;
+  return (rows * bucket + 2 * decode_stages(bucket, rows) * kBlockN * bucket) * 2;
 }
 
 // The device-side index check: one (sequence, block-table column) pair per entry (one per sequence when
