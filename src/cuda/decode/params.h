@@ -38,7 +38,7 @@ constexpr int decode_bucket(std::int64_t d) {
   return 0;
 }
 // Ring stages of K and V (decode/kernel.h and kernel_sm90.h Traits, which assert the shared-memory size against
-// this). The 16-row kernel at hdim 128 keeps two, 64 KB per CTA, as many bytes as cuDNN's decode kernel holds: the
+// this). The 16-row kernel at hdim 128 keeps two, 64 KB per CTA (about what cuDNN's decode kernel can hold): the
 // DRAM reads faster with fewer requests outstanding (H100, 2026-12-07, bench/results/h200-decode-ab.md: two stages
 // 0.6-1.3 % faster than three at batch 8 and 16, six 0.5-1.5 % slower, and 15 % slower with one split).
 constexpr int decode_stages(int bucket, int rows) { return bucket <= 64 ? 4 : rows == kRowsPerTile ? 2 : 3; }
