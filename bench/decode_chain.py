@@ -33,15 +33,16 @@ from gpu_decode import D, FT_FIRST_OPS, HKV, HQ  # noqa: E402
 from gpu_profile import cuda_events  # noqa: E402
 
 
-def make_cell(ft, batch, keys, page, sq, splits=0, peer=True, backend="auto", heads_major=False):
+def make_cell(ft, batch, keys, page, sq, splits=0, peer=True, backend="auto", layout=""):
     """FlashTile's call on a fresh cell, cuDNN's on its contiguous twin (None without `peer`), and K+V bytes.
-    heads_major: every cache (FlashTile's and cuDNN's twin) is stored head by head, (slots, Hkv, rows, D) seen as
-    (slots, rows, Hkv, D) through its strides, so that one KV head's keys are contiguous in memory."""
+    layout "h": every cache (FlashTile's and cuDNN's twin) is stored head by head, (slots, Hkv, rows, D) seen as
+    (slots, rows, Hkv, D) through its strides, so that one KV head's keys are contiguous in memory; "o": a paged
+    cache's block table holds the pages in order (shuffled otherwise)."""
     g = torch.Generator(device="cuda").manual_seed(keys + 7 * batch + sq)
     bf = dict(device="cuda", dtype=torch.bfloat16, generator=g)
 
     def cache(slots, rows):
-        if heads_major:
+        if "h" in layout:
             return torch.randn(slots, HKV, rows, D, **bf).transpose(1, 2)
         return torch.randn(slots, rows, HKV, D, **bf)
     q = torch.randn(batch, sq, HQ, D, **bf)
@@ -50,7 +51,8 @@ def make_cell(ft, batch, keys, page, sq, splits=0, peer=True, backend="auto", he
     if page:
         pages = batch * keys // page
         k, v = cache(pages, page), cache(pages, page)
-        table = torch.randperm(pages, device="cuda", generator=g).to(torch.int32).reshape(batch, keys // page)
+        order = torch.arange(pages, device="cuda") if "o" in layout else torch.randperm(pages, device="cuda", generator=g)
+        table = order.to(torch.int32).reshape(batch, keys // page)
     else:
         k, v = cache(batch, keys), cache(batch, keys)
         table = None
@@ -95,13 +97,15 @@ def chain(fn, calls, first):
 
 
 def parse_cell(spec):
-    """batch:keys:page, page 0 = contiguous; a trailing h on the page (8:32768:64h) stores the caches heads-major."""
+    """batch:keys:page[flags], page 0 = contiguous; flags (make_cell's layout): h stores the caches heads-major
+    (8:32768:64h), o keeps a paged cache's pages in order (8:32768:64o)."""
     batch, keys, page = spec.split(":")
-    return int(batch), int(keys), int(page.rstrip("h")), page.endswith("h")
+    return int(batch), int(keys), int(page.rstrip("ho")), page[len(page.rstrip("ho")):]
 
 
-def cell_name(batch, keys, page, heads_major):
-    return f"batch={batch} keys={keys} page={page or 'contiguous'}{'/heads-major' if heads_major else ''}"
+def cell_name(batch, keys, page, layout):
+    return (f"batch={batch} keys={keys} page={page or 'contiguous'}{'/heads-major' if 'h' in layout else ''}"
+            f"{'/ordered' if 'o' in layout else ''}")
 
 
 def ab(args):
@@ -114,24 +118,24 @@ def ab(args):
     sweep = [int(x) for x in args.splits_sweep.split(",")] if args.splits_sweep else []
     ft_first = lambda n: any(f in n for f in FT_FIRST_OPS)
     for spec in args.cells.split(","):
-        batch, keys, page, hm = parse_cell(spec)
+        batch, keys, page, layout = parse_cell(spec)
         first = next(iter(fts))
         ft_call, cudnn_call, kv_bytes = make_cell(fts[first], batch, keys, page, args.sq, args.splits,
-                                                  backend=backends[first], heads_major=hm)
+                                                  backend=backends[first], layout=layout)
         calls = {first: (ft_call, ft_first)}
         for name, ft in list(fts.items())[1:]:  # one cuDNN twin per cell, not one per build
             calls[name] = (make_cell(ft, batch, keys, page, args.sq, args.splits, peer=False,
-                                     backend=backends[name], heads_major=hm)[0], ft_first)
+                                     backend=backends[name], layout=layout)[0], ft_first)
         for n in sweep:
             calls[f"{first}/splits={n}"] = (make_cell(fts[first], batch, keys, page, args.sq, n, peer=False,
-                                                      backend=backends[first], heads_major=hm)[0], ft_first)
+                                                      backend=backends[first], layout=layout)[0], ft_first)
         calls["cuDNN"] = (cudnn_call, None)
 
         def timer(entry):
             rows, period, _ = chain(entry[0], args.calls, entry[1])
             return period, max(d for _, _, d in rows)
         times = shuffled_rounds(calls, args.rounds, timer)
-        print(f"cell: Sq={args.sq} {cell_name(batch, keys, page, hm)} (K+V {kv_bytes / 1e6:.0f} MB), {args.rounds} rounds")
+        print(f"cell: Sq={args.sq} {cell_name(batch, keys, page, layout)} (K+V {kv_bytes / 1e6:.0f} MB), {args.rounds} rounds")
         for name, ts in times.items():
             period = statistics.median(t[0] for t in ts)
             kernel = statistics.median(t[1] for t in ts)
@@ -158,9 +162,9 @@ def main():
         return ab(args)
     ft = FlashTile(find_lib(args.lib))
     for spec in args.cells.split(","):
-        batch, keys, page, hm = parse_cell(spec)
+        batch, keys, page, layout = parse_cell(spec)
         ft_call, cudnn_call, kv_bytes = make_cell(ft, batch, keys, page, args.sq, args.splits, backend=args.backend,
-                                                  heads_major=hm)
+                                                  layout=layout)
         if args.only:
             fn = ft_call if args.only == "ft" else cudnn_call
             fn()
@@ -171,7 +175,7 @@ def main():
             torch.cuda.synchronize()
             torch.cuda.nvtx.range_pop()
             continue
-        print(f"cell: Sq={args.sq} {cell_name(batch, keys, page, hm)} (K+V {kv_bytes / 1e6:.0f} MB)")
+        print(f"cell: Sq={args.sq} {cell_name(batch, keys, page, layout)} (K+V {kv_bytes / 1e6:.0f} MB)")
         for name, fn, first in (("FlashTile", ft_call, lambda n: any(f in n for f in FT_FIRST_OPS)),
                                 ("cuDNN", cudnn_call, None)):
             rows, period, span = chain(fn, args.calls, first)
