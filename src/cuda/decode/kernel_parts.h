@@ -202,8 +202,10 @@ struct KvLoader {
     v_off = rr * a.v_stride.row + cc;
     CUTE_UNROLL
     for (int q = 0; q < kPasses; ++q) s_off[q] = offset(q * kRowsPerPass + rr, cc);
-    if (a.page_table != nullptr) pages = a.page_table + b * a.page_table_batch_stride;
-    else slot = detail::kv_place(a, b, 0).slot;
+    if constexpr (kWarpPages) {  // (the CTA's copiers ask kv_place: no registers held for it across the loop)
+      if (a.page_table != nullptr) pages = a.page_table + b * a.page_table_batch_stride;
+      else slot = detail::kv_place(a, b, 0).slot;
+    }
   }
 
   CUTE_DEVICE int unit_key(int u) const { return u / kGroups * kBlockN + 16 * (group0 + u % kGroups); }
@@ -228,10 +230,11 @@ struct KvLoader {
     CUTE_UNROLL
     for (int i = 0; i < kGroups; ++i) {
       const int j0 = unit_key(u0 + i);
-      detail::KvPlace at{slot, j0};
-      if (pages != nullptr) {
-        if constexpr (kWarpPages) at = detail::paged_place(a, __shfl_sync(~0u, cur, u0 + i - win), j0);
-        else at = detail::kv_place(a, b, j0);
+      detail::KvPlace at;
+      if constexpr (kWarpPages) {
+        at = pages != nullptr ? detail::paged_place(a, __shfl_sync(~0u, cur, u0 + i - win), j0) : detail::KvPlace{slot, j0};
+      } else {
+        at = detail::kv_place(a, b, j0);
       }
       ahead[i] = j0 < sk ? at : detail::KvPlace{};
     }
