@@ -9,7 +9,7 @@
 // loaded), 64 keys per tile, loaded with 16-byte cp.async into a ring of kStages stages (K and V both in flight,
 // every stage refilled as soon as its tile is consumed; a paged cache is gathered 16 rows at a time through
 // core/params.h kv_place() / kv_offsets(), page_size being a multiple of 16, with the block-table reads 32 or
-// more tiles ahead of the copies where one warp copies, one tile ahead where the CTA does).
+// more 16-row groups ahead of the copies where one warp copies, one tile ahead where the CTA does).
 // Warps: with 16 rows, each of the four warps takes 16 keys of every tile, loads them itself and keeps its own
 // online softmax (common/softmax.h) and output: four independent pipelines, no block barrier and no cross-warp
 // reduction in the mainloop; the four are merged at the end as split parts are (core/merge_rule.h). With 64 rows,
