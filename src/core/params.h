@@ -161,7 +161,9 @@ struct KvRow {
   std::int64_t k = 0, v = 0;
 };
 // Key j of a paged sequence lies in the page of its block-table column j / page_size, at row j % page_size.
-FT_HOST_DEVICE KvPlace paged_place(const AttnParams& p, std::int64_t page, std::int64_t j) { return {page, j % p.page_size}; }
+FT_HOST_DEVICE KvPlace paged_place(const AttnParams& p, std::int64_t page, std::int64_t j) {
+  return {page, j % p.page_size};
+}
 FT_HOST_DEVICE KvPlace kv_place(const AttnParams& p, std::int64_t b, std::int64_t j) {
   if (p.page_table != nullptr) return paged_place(p, p.page_table[b * p.page_table_batch_stride + j / p.page_size], j);
   return {p.cache_batch_idx != nullptr ? p.cache_batch_idx[b] : b, j};

@@ -232,7 +232,8 @@ struct KvLoader {
       const int j0 = unit_key(u0 + i);
       detail::KvPlace at;
       if constexpr (kWarpPages) {
-        at = pages != nullptr ? detail::paged_place(a, __shfl_sync(~0u, cur, u0 + i - win), j0) : detail::KvPlace{slot, j0};
+        at = pages != nullptr ? detail::paged_place(a, __shfl_sync(~0u, cur, u0 + i - win), j0)
+                              : detail::KvPlace{slot, j0};
       } else {
         at = detail::kv_place(a, b, j0);
       }
