@@ -244,6 +244,11 @@ StdBackward standard_backward(const Problem& pr) {
   auto idx = [](const Dense& x, std::int64_t b, std::int64_t s, std::int64_t h) {
     return static_cast<std::size_t>(((b * x.s + s) * x.h + h) * x.d);
   };
+  // dQ = dS K, dK = dS^T Q and dV = P^T dO are float32 matrix products in an eager framework: their sums run in
+  // float32, in the order of the loops below (dK and dV: head by head of a group, each over its query rows). Summed in
+  // float64 instead, standard attention's error would miss a long sum's own rounding, which every float32
+  // backward carries (268 equal dO rows summed into one dV row: 5e-6 relative, 90 times the float64 sum's).
+  auto accumulate = [](double& sum, float term) { sum = static_cast<float>(sum) + term; };
   for (std::int64_t b = 0; b < pr.q.b; ++b)
     for (std::int64_t h = 0; h < nh; ++h)
       for (std::int64_t i = 0; i < pr.q.s; ++i) {
@@ -303,8 +308,8 @@ StdBackward standard_backward(const Problem& pr) {
           for (std::int64_t c = 0; c < d; ++c) {
             const std::size_t iq = idx(pr.q, b, i, h) + static_cast<std::size_t>(c), ik = idx(pr.k, b, j, hk) + static_cast<std::size_t>(c);
             if (r.active) {
-              g.dq[iq] += ds * kj[c];
-              g.dk[ik] += ds * qi[c];
+              accumulate(g.dq[iq], ds * static_cast<float>(kj[c]));
+              accumulate(g.dk[ik], ds * static_cast<float>(qi[c]));
             }
             if (ds_terms > 0) {
               abs_sum[0][iq] += ds_terms * std::abs(kj[c]);
@@ -313,7 +318,7 @@ StdBackward standard_backward(const Problem& pr) {
           }
           for (std::int64_t c = 0; c < dv; ++c) {
             const std::size_t iv = idx(pr.v, b, j, hk) + static_cast<std::size_t>(c);
-            if (r.active) g.dv[iv] += pj * gi[c];
+            if (r.active) accumulate(g.dv[iv], pj * static_cast<float>(gi[c]));
             if (px > 0) abs_sum[2][iv] += px * std::abs(gi[c]) * recompute;
           }
         }
