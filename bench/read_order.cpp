@@ -6,6 +6,9 @@
 //   blocks:N    N keys of head 0, then of head 1, ... (src/cpu/flash_decode.cpp reads a 64-key block so)
 //   per-head    all of a split's keys of one head, then the next head (one head per task)
 //   blocks:64, H heads per pass   a 64-key block H heads at a time (their rows adjacent, H x 256 bytes per key)
+//   blocks:64, one pass ahead     blocks:64 with flash_decode.cpp's requests (Ahead, into L2): this head's V rows
+//                                 while its K rows are read, the next (block, head)'s K rows while its V rows are
+//   blocks:64, next block's share blocks:64 requesting an eighth of the next block per head pass, in address order
 // Only loads and adds: the bound each order puts on a decode, whatever its arithmetic.
 //
 //   g++ -O2 -fopenmp bench/read_order.cpp -o read_order && OMP_NUM_THREADS=2 ./read_order
@@ -20,6 +23,7 @@
 namespace {
 
 constexpr int kHeads = 8, kRowBytes = 256, kKeyBytes = kHeads * kRowBytes;
+constexpr int kAheadPass = -100, kAheadBlock = -101;  // the orders with software requests (below -1 - kHeads)
 
 double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -45,7 +49,7 @@ __attribute__((target("avx2"))) double read(const char* k, const char* v, std::s
         for (int h = 0; h < kHeads; ++h) acc = add_row(acc, k + j * kKeyBytes + h * kRowBytes);
       for (std::size_t j = k0; j < k1; ++j)
         for (int h = 0; h < kHeads; ++h) acc = add_row(acc, v + j * kKeyBytes + h * kRowBytes);
-    } else if (order < -1) {  // blocks of 64 keys, -order heads per pass (their rows adjacent: -order x 256 bytes)
+    } else if (order < -1 && order > kAheadPass) {  // blocks of 64 keys, -order heads per pass (their rows adjacent: -order x 256 bytes)
       const int group = -order;
       for (std::size_t jb = k0; jb < k1; jb += 64)
         for (int h0 = 0; h0 < kHeads; h0 += group) {
@@ -55,6 +59,36 @@ __attribute__((target("avx2"))) double read(const char* k, const char* v, std::s
           for (std::size_t j = jb; j < je; ++j)
             for (int h = h0; h < h0 + group; ++h) acc = add_row(acc, v + j * kKeyBytes + h * kRowBytes);
         }
+    } else if (order == kAheadPass || order == kAheadBlock) {  // blocks of 64 keys with software requests
+      for (std::size_t jb = k0; jb < k1; jb += 64) {
+        const std::size_t je = jb + 64 < k1 ? jb + 64 : k1, jn = je + 64 < k1 ? je + 64 : k1;
+        for (int h = 0; h < kHeads; ++h) {
+          // Request i of the pass's K loop (part 0) or V loop (part 1), or null. kAheadPass: this head's V rows, then
+          // the next (block, head)'s K rows; kAheadBlock: rows h·n .. (h + 1)·n of the next block's n keys x 8 heads
+          // in address order (key-major), K then V.
+          const auto ahead = [&](int part, std::size_t i) -> const char* {
+            if (order == kAheadPass) {
+              if (part == 0) return v + (jb + i) * kKeyBytes + h * kRowBytes;
+              const bool last = h + 1 == kHeads;
+              const std::size_t key = (last ? je : jb) + i;
+              return key < (last ? jn : je) ? k + key * kKeyBytes + (last ? 0 : h + 1) * kRowBytes : nullptr;
+            }
+            const std::size_t n = jn - je, g = h * n + i;
+            return i < n ? (part == 0 ? k : v) + (je + g / kHeads) * kKeyBytes + (g % kHeads) * kRowBytes : nullptr;
+          };
+          // The requests are written out in the loops: GCC took a request lambda for pure and deleted its calls.
+          for (std::size_t j = jb; j < je; ++j) {
+            if (const char* r = ahead(0, j - jb))
+              for (int c = 0; c < kRowBytes; c += 64) _mm_prefetch(r + c, _MM_HINT_T1);
+            acc = add_row(acc, k + j * kKeyBytes + h * kRowBytes);
+          }
+          for (std::size_t j = jb; j < je; ++j) {
+            if (const char* r = ahead(1, j - jb))
+              for (int c = 0; c < kRowBytes; c += 64) _mm_prefetch(r + c, _MM_HINT_T1);
+            acc = add_row(acc, v + j * kKeyBytes + h * kRowBytes);
+          }
+        }
+      }
     } else {
       const std::size_t block = order > 0 ? static_cast<std::size_t>(order) : k1 - k0;
       for (std::size_t jb = k0; jb < k1; jb += block)
@@ -82,7 +116,7 @@ int main() {
   std::memset(k, 0, bytes);
   std::memset(v, 0, bytes);
   const std::size_t keys = bytes / kKeyBytes;
-  const int orders[] = {0, 1, 2, 4, 16, 64, 256, -1, -2, -4};
+  const int orders[] = {0, 1, 2, 4, 16, 64, 256, -1, -2, -4, kAheadPass, kAheadBlock};
   float sink = 0.f;
   std::printf("threads %d; K and V of %zu keys x %d heads x %d bytes; GB/s, best of 3\n", omp_get_max_threads(), keys,
               kHeads, kRowBytes);
@@ -95,6 +129,8 @@ int main() {
     if (order == 0) std::printf("  ascending      %6.1f\n", best);
     else if (order > 0) std::printf("  blocks:%-4d    %6.1f\n", order, best);
     else if (order == -1) std::printf("  per-head       %6.1f\n", best);
+    else if (order == kAheadPass) std::printf("  blocks:64, one pass ahead      %6.1f\n", best);
+    else if (order == kAheadBlock) std::printf("  blocks:64, next block's share  %6.1f\n", best);
     else std::printf("  blocks:64, %d heads per pass %6.1f\n", -order, best);
   }
   std::free(k);

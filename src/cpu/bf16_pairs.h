@@ -36,6 +36,13 @@ struct P {
 inline P load_pairs(const std::uint16_t* p) { return {_mm512_loadu_si512(p)}; }
 inline P broadcast_pair(std::uint32_t pair) { return {_mm512_set1_epi32(static_cast<int>(pair))}; }
 inline V dot(V acc, P a, P b) { return {_mm512_dpbf16_ps(acc.v, (__m512bh)a.v, (__m512bh)b.v)}; }
+// Two rows' 2W values x, y (y null: zeros) as key pairs: even[c] = (x[2c], y[2c]), odd[c] = (x[2c + 1], y[2c + 1]).
+inline void interleave_rows(const std::uint16_t* x, const std::uint16_t* y, P& even, P& odd) {
+  const __m512i a = _mm512_loadu_si512(x), b = y != nullptr ? _mm512_loadu_si512(y) : _mm512_setzero_si512();
+  constexpr __mmask32 kHigh = 0xAAAAAAAAu;  // the high 16 bits of each 32-bit lane
+  even = {_mm512_mask_blend_epi16(kHigh, a, _mm512_slli_epi32(b, 16))};
+  odd = {_mm512_mask_blend_epi16(kHigh, _mm512_srli_epi32(a, 16), b)};
+}
 #else
 struct P {
   __m256i v;
@@ -50,6 +57,12 @@ inline V dot(V acc, P a, P b) {
   const __m256 b_lo = _mm256_castsi256_ps(_mm256_slli_epi32(b.v, 16));
   const __m256 b_hi = _mm256_castsi256_ps(_mm256_and_si256(b.v, hi_mask));
   return {_mm256_fmadd_ps(a_hi, b_hi, _mm256_fmadd_ps(a_lo, b_lo, acc.v))};
+}
+inline void interleave_rows(const std::uint16_t* x, const std::uint16_t* y, P& even, P& odd) {  // as above
+  const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  const __m256i b = y != nullptr ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y)) : _mm256_setzero_si256();
+  even = {_mm256_blend_epi16(a, _mm256_slli_epi32(b, 16), 0xAA)};
+  odd = {_mm256_blend_epi16(_mm256_srli_epi32(a, 16), b, 0xAA)};
 }
 #endif
 

@@ -284,6 +284,60 @@ void pv_rows(const float* p, int ldp, const T* const* vp, int j0, int j1, int dv
     }
 }
 
+#ifdef FT_BF16_PAIRS
+#define FT_DECODE_PV_PAIRS 1
+// pv_rows for a bf16 cache on the bf16 dot products (bf16_pairs.h: vdpbf16ps in the avx512-bf16 set, its FMA
+// emulation in avx2-bf16emu, which runs it on every AVX2 machine), the per-row path's pair order: each step takes two
+// keys, one instruction per row and vector of columns where the float32 path spends two FMAs. P is read as bf16
+// pairs (pb: the rows' P rounded to bf16, as the tile paths round it; keys n .. even zero), and the two value rows
+// are interleaved in registers: for each 32-bit lane c of a 2W-value piece, (v_j[2c], v_j+1[2c]) gives the piece's
+// even columns, (v_j[2c + 1], v_j+1[2c + 1]) its odd ones: the pair order of load_bf16_pairs, so acc keeps its order.
+// The block's sums start from zero and are then added (pv_cols' two-level sum). Full blocks only (every key seen).
+template <int NR, int kPieces>
+void pv_pieces_pairs(const std::uint16_t* pb, int ldpb, const BFloat16* const* vp, int n, int c0, float* acc, int ldv,
+                     const Ahead<BFloat16>& ahead) {
+  using bf16::P;
+  constexpr int W = simd::W;
+  V a[NR][2 * kPieces];
+  for (int r = 0; r < NR; ++r)
+    for (int u = 0; u < 2 * kPieces; ++u) a[r][u] = simd::set1(0.0f);
+  for (int j = 0; j < n; j += 2) {
+    ahead.fetch(j);
+    ahead.fetch(j + 1);
+    const auto* x = reinterpret_cast<const std::uint16_t*>(vp[j]) + c0;
+    const auto* y = j + 1 < n ? reinterpret_cast<const std::uint16_t*>(vp[j + 1]) + c0 : nullptr;
+    P ev[kPieces], od[kPieces];
+    for (int u = 0; u < kPieces; ++u)
+      bf16::interleave_rows(x + u * 2 * W, y == nullptr ? nullptr : y + u * 2 * W, ev[u], od[u]);
+    for (int r = 0; r < NR; ++r) {
+      const P pr = bf16::broadcast_pair(bf16::pair_at(pb + static_cast<std::int64_t>(r) * ldpb + j));
+      for (int u = 0; u < kPieces; ++u) {
+        a[r][2 * u] = bf16::dot(a[r][2 * u], pr, ev[u]);
+        a[r][2 * u + 1] = bf16::dot(a[r][2 * u + 1], pr, od[u]);
+      }
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int u = 0; u < 2 * kPieces; ++u) {
+      float* o = acc + static_cast<std::int64_t>(r) * ldv + c0 + u * W;
+      simd::store(o, simd::add(simd::load(o), a[r][u]));
+    }
+}
+
+// dv a multiple of 2W (PairOrder). Two pieces per pass where AVX-512's 32 registers hold their accumulators.
+template <int NR>
+void pv_rows_pairs(const std::uint16_t* pb, int ldpb, const BFloat16* const* vp, int n, int dv, float* acc, int ldv,
+                   const Ahead<BFloat16>& ahead = {}) {
+  constexpr int kPiece = 2 * simd::W, kPieces = simd::W == 16 && NR <= 4 ? 2 : 1;
+  int c0 = 0;
+  for (; c0 + kPieces * kPiece <= dv; c0 += kPieces * kPiece)
+    pv_pieces_pairs<NR, kPieces>(pb, ldpb, vp, n, c0, acc, ldv, c0 == 0 ? ahead : Ahead<BFloat16>{});
+  for (; c0 < dv; c0 += kPiece) pv_pieces_pairs<NR, 1>(pb, ldpb, vp, n, c0, acc, ldv, c0 == 0 ? ahead : Ahead<BFloat16>{});
+}
+#else
+#define FT_DECODE_PV_PAIRS 0
+#endif
+
 // Runs f.template operator()<NR>(r0) over rows [0, rows) in groups of up to 4, or up to 8 (kEight).
 template <bool kEight = false, class F>
 void row_groups(int rows, F&& f) {
@@ -578,6 +632,21 @@ void block_rows(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPolicy&
     });
   }
   softmax_rows(w, t, mask, r_begin, r_end, k0, n, partial, dv);
+#if FT_DECODE_PV_PAIRS
+  if constexpr (kPairs && std::is_same_v<T, BFloat16>)
+    if (!partial) {
+      const int n2 = (n + 1) / 2 * 2;
+      for (int r = r_begin; r < r_end; ++r)
+        to_bf16_row(w.s.get() + static_cast<std::int64_t>(r) * kDecodeKeys, w.pb.get() + static_cast<std::int64_t>(r) * kDecodeKeys,
+                    n, n2);
+      row_groups(r_end - r_begin, [&]<int NR>(int g) {
+        const int r = r_begin + g;
+        pv_rows_pairs<NR>(w.pb.get() + static_cast<std::int64_t>(r) * kDecodeKeys, kDecodeKeys, vp, n, dv,
+                          w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.ldv, g == 0 ? ahead.next_k : Ahead<T>{});
+      });
+      return;
+    }
+#endif
   if (!partial) {
     row_groups(r_end - r_begin, [&]<int NR>(int g) {
       const int r = r_begin + g;
