@@ -5,7 +5,8 @@
 // can (on 2 AVX2 cores it is bound by instructions, ~300 per key and KV head; bench/results/cpu_decode.md):
 // - GQA packing: the G query heads that share a KV head and the Sq new tokens are the rows of one tile
 //   (decode_plan.h), so a K or V row, once loaded, serves all of them;
-// - 16-bit caches are widened in registers (simd.h load_bf16 / load_f16), never converted into a copy;
+// - 16-bit caches are widened in registers (simd.h load_bf16 / load_f16), never converted into a copy, or, in the
+//   sets with bf16 dot products, multiplied as they are (qk_rows_dots, pv_rows_pairs);
 // - split-KV: each sequence's visible keys are cut into `splits` parts computed as separate tasks, each leaving
 //   a normalised partial output and its LSE, merged afterwards as merge_attention_states does; only the first
 //   part carries the sink logit, so the merge counts it once;
