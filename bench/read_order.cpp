@@ -49,7 +49,8 @@ __attribute__((target("avx2"))) double read(const char* k, const char* v, std::s
         for (int h = 0; h < kHeads; ++h) acc = add_row(acc, k + j * kKeyBytes + h * kRowBytes);
       for (std::size_t j = k0; j < k1; ++j)
         for (int h = 0; h < kHeads; ++h) acc = add_row(acc, v + j * kKeyBytes + h * kRowBytes);
-    } else if (order < -1 && order > kAheadPass) {  // blocks of 64 keys, -order heads per pass (their rows adjacent: -order x 256 bytes)
+    } else if (order < -1 && order > kAheadPass) {
+      // blocks of 64 keys, -order heads per pass (their rows adjacent: -order x 256 bytes)
       const int group = -order;
       for (std::size_t jb = k0; jb < k1; jb += 64)
         for (int h0 = 0; h0 < kHeads; h0 += group) {

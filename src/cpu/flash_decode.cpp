@@ -333,7 +333,8 @@ void pv_rows_pairs(const std::uint16_t* pb, int ldpb, const BFloat16* const* vp,
   int c0 = 0;
   for (; c0 + kPieces * kPiece <= dv; c0 += kPieces * kPiece)
     pv_pieces_pairs<NR, kPieces>(pb, ldpb, vp, n, c0, acc, ldv, c0 == 0 ? ahead : Ahead<BFloat16>{});
-  for (; c0 < dv; c0 += kPiece) pv_pieces_pairs<NR, 1>(pb, ldpb, vp, n, c0, acc, ldv, c0 == 0 ? ahead : Ahead<BFloat16>{});
+  for (; c0 < dv; c0 += kPiece)
+    pv_pieces_pairs<NR, 1>(pb, ldpb, vp, n, c0, acc, ldv, c0 == 0 ? ahead : Ahead<BFloat16>{});
 }
 #else
 #define FT_DECODE_PV_PAIRS 0
@@ -637,13 +638,15 @@ void block_rows(DecodeScratch<T>& w, const RowTile& t, const detail::MaskPolicy&
   if constexpr (kPairs && std::is_same_v<T, BFloat16>)
     if (!partial) {
       const int n2 = (n + 1) / 2 * 2;
-      for (int r = r_begin; r < r_end; ++r)
-        to_bf16_row(w.s.get() + static_cast<std::int64_t>(r) * kDecodeKeys, w.pb.get() + static_cast<std::int64_t>(r) * kDecodeKeys,
-                    n, n2);
+      for (int r = r_begin; r < r_end; ++r) {
+        const std::int64_t at = static_cast<std::int64_t>(r) * kDecodeKeys;
+        to_bf16_row(w.s.get() + at, w.pb.get() + at, n, n2);
+      }
       row_groups(r_end - r_begin, [&]<int NR>(int g) {
         const int r = r_begin + g;
         pv_rows_pairs<NR>(w.pb.get() + static_cast<std::int64_t>(r) * kDecodeKeys, kDecodeKeys, vp, n, dv,
-                          w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.ldv, g == 0 ? ahead.next_k : Ahead<T>{});
+                          w.acc.get() + static_cast<std::int64_t>(r) * w.ldv, w.ldv,
+                          g == 0 ? ahead.next_k : Ahead<T>{});
       });
       return;
     }
