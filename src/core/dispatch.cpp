@@ -114,18 +114,18 @@ const Backend* choose(const AttnParams& p, const Options& o, DispatchReport& rep
 // What the report says about the variant: the mask and the score hooks, from the validated params (a backend that
 // cannot run one of them refuses in can_run, so the one that runs runs them all).
 std::string mask_name(const AttnParams& p) {
-  std::ostringstream s;
-  if (p.is_varlen()) s << "varlen+";
-  if (p.seqused_k != nullptr) s << "seqused_k+";
-  if (p.kvcache) s << (p.page_table != nullptr ? "paged_kvcache+" : "kvcache+");
+  std::string s;
+  if (p.is_varlen()) s += "varlen+";
+  if (p.seqused_k != nullptr) s += "seqused_k+";
+  if (p.kvcache) s += p.page_table != nullptr ? "paged_kvcache+" : "kvcache+";
   if (p.causal && p.window_left < 0) {
-    s << "causal";
+    s += "causal";
   } else if (p.has_window()) {
-    s << "window(" << p.window_left << ", " << p.window_right << ")";
+    s += "window(" + std::to_string(p.window_left) + ", " + std::to_string(p.window_right) + ")";
   } else {
-    s << "none";
+    s += "none";
   }
-  return s.str();
+  return s;
 }
 
 std::vector<std::string> score_hooks(const AttnParams& p) {

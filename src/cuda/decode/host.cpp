@@ -121,13 +121,13 @@ Status wait_verdict(const Readback& r, unsigned ticket, cudaStream_t stream, con
 
 std::string Plan::reason() const {
   if (given) return "num_splits as given";
-  std::ostringstream s;
-  s << "auto: " << ctas << " CTAs (B·Hkv·row_tiles) on " << sms << " SMs";
-  if (sm_margin > 0) s << " (the device's less sm_margin = " << sm_margin << ")";
-  s << " x " << per_sm
-    << " per wave; the fewest splits within 95 % of the best wave efficiency, at most one per 4 key tiles (256 keys)"
-    << " of the seqlen_k bound";
-  return s.str();
+  using std::to_string;
+  std::string s = "auto: " + to_string(ctas) + " CTAs (B·Hkv·row_tiles) on " + to_string(sms) + " SMs";
+  if (sm_margin > 0) s += " (the device's less sm_margin = " + to_string(sm_margin) + ")";
+  s += " x " + to_string(per_sm) +
+       " per wave; the fewest splits within 95 % of the best wave efficiency, at most one per 4 key tiles (256 keys)"
+       " of the seqlen_k bound";
+  return s;
 }
 
 // FlashAttention's split heuristic: the wave efficiency of s splits is waves / ceil(waves) with waves = ctas · s /
@@ -203,23 +203,30 @@ void describe(const AttnParams& p, DecodeMma mma, KernelInfo& k) {
   k.block_k = kBlockN;
   k.threads = wgmma ? kWgmmaThreads : kThreads;
   k.splits = d.splits;
-  std::ostringstream s;
-  s << "decode: rows_per_tile=" << d.rows_per_tile << " (G·Sq = " << p.group() * p.seqlen_q << " packed rows, "
-    << d.row_tiles << " row tiles per KV head; " << (d.rows_per_tile == kRowsPerTile ? "16 rows while they fit" : "over 16 rows: 64")
-    << ") keys_per_tile=" << kBlockN
-    << (d.rows_per_tile == kRowsPerTile ? " (4 warps x 16 keys, merged at the end)"
-        : wgmma                         ? " (1 warpgroup: wgmma reads each K and V tile once; a producer warp fills the ring)"
-                                        : " (4 warps x 16 rows)")
-    << " stages=" << decode_stages(d.bucket, d.rows_per_tile) << " (cp.async ring, K and V) smem="
-    << decode_smem_bytes(d.bucket, d.rows_per_tile)
-    << "B splits=" << d.splits << " (" << d.reason() << ")" << (d.splits > 1 ? " merged by each row tile's last split CTA" : "")
-    << (p.page_table != nullptr ? " paged: page_size=" + std::to_string(p.page_size) : std::string(" contiguous"))
-    << " index check: device-side, " << (check_in_one_cta(p) ? "one CTA" : "grid-wide") << " (" << check_count(p)
-    << " entries), "
-    << (p.async_index_check ? "not waited for (async_index_check)"
-                            : "its verdict waited for (pinned memory) when the stream is not capturing")
-    << "; append: by the decode kernel";
-  k.detail = s.str();
+  // Appended to one reserved string rather than streamed: the text is built on every call (after the launches).
+  using std::to_string;
+  const bool rows16 = d.rows_per_tile == kRowsPerTile;
+  std::string& s = k.detail;
+  s.reserve(640);
+  s = "decode: rows_per_tile=" + to_string(d.rows_per_tile);
+  s += " (G·Sq = " + to_string(p.group() * p.seqlen_q) + " packed rows, " + to_string(d.row_tiles) +
+       " row tiles per KV head; ";
+  s += rows16 ? "16 rows while they fit" : "over 16 rows: 64";
+  s += ") keys_per_tile=" + to_string(kBlockN);
+  s += rows16  ? " (4 warps x 16 keys, merged at the end)"
+       : wgmma ? " (1 warpgroup: wgmma reads each K and V tile once; a producer warp fills the ring)"
+               : " (4 warps x 16 rows)";
+  s += " stages=" + to_string(decode_stages(d.bucket, d.rows_per_tile)) + " (cp.async ring, K and V) smem=" +
+       to_string(decode_smem_bytes(d.bucket, d.rows_per_tile));
+  s += "B splits=" + to_string(d.splits) + " (" + d.reason() + ")";
+  if (d.splits > 1) s += " merged by each row tile's last split CTA";
+  s += p.page_table != nullptr ? " paged: page_size=" + to_string(p.page_size) : std::string(" contiguous");
+  s += " index check: device-side, ";
+  s += check_in_one_cta(p) ? "one CTA" : "grid-wide";
+  s += " (" + to_string(check_count(p)) + " entries), ";
+  s += p.async_index_check ? "not waited for (async_index_check)"
+                           : "its verdict waited for (pinned memory) when the stream is not capturing";
+  s += "; append: by the decode kernel";
 }
 
 std::size_t workspace_bytes_of(const AttnParams& p) { return workspace_bytes(p, plan(p).splits); }
