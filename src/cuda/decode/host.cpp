@@ -208,7 +208,8 @@ void describe(const AttnParams& p, DecodeMma mma, KernelInfo& k) {
   const bool rows16 = d.rows_per_tile == kRowsPerTile;
   std::string& s = k.detail;
   s.reserve(640);
-  s = "decode: rows_per_tile=" + to_string(d.rows_per_tile);
+  s = "decode: rows_per_tile=";  // into the reserved buffer (assigning a temporary would move its own in)
+  s += to_string(d.rows_per_tile);
   s += " (G·Sq = " + to_string(p.group() * p.seqlen_q) + " packed rows, " + to_string(d.row_tiles) +
        " row tiles per KV head; ";
   s += rows16 ? "16 rows while they fit" : "over 16 rows: 64";
