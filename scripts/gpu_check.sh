@@ -176,9 +176,10 @@ if has_step sanitize; then
         --gtest_brief=1 >> "$OUT/sanitizer.log" 2>&1
       note "RACECHECK: rc=$? $(grep 'RACECHECK SUMMARY\|ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1) ($(( $(date +%s) - t0 )) s)"
     fi
-    # cuda-sm90: forward, backward and the wgmma decode kernel (the KV-cache cases of more than 16 packed rows)
+    # cuda-sm90: forward, backward, the wgmma decode kernel (the KV-cache cases of more than 16 packed rows), and the
+    # refusals and graphs with its dependent launch of the decode kernel behind the index check
     FT_GPU_BACKEND=cuda-sm90 timeout 300 compute-sanitizer --tool memcheck --error-exitcode 3 "$TESTBIN" \
-      --gtest_filter='Small/*:GpuDispatch.*:Variants/*_d64*:Cases/GpuKvCache.*_sq16_g*:Cases/GpuKvCache.*_sq5_g*:GpuKvCacheDispatch.*:GpuKvCacheEdge.*' \
+      --gtest_filter='Small/*:GpuDispatch.*:Variants/*_d64*:Cases/GpuKvCache.*_sq16_g*:Cases/GpuKvCache.*_sq5_g*:GpuKvCacheDispatch.*:GpuKvCacheEdge.*:GpuKvCacheRefusal.*:GpuKvCacheGraph.*' \
       --gtest_brief=1 > "$OUT/sanitizer-sm90.log" 2>&1
     note "MEMCHECK cuda-sm90: rc=$? $(grep -m1 'ERROR SUMMARY' "$OUT/sanitizer-sm90.log") $(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$OUT/sanitizer-sm90.log" | tr '\n' ' ')"
     FT_GPU_BACKEND=cuda-sm90 timeout 180 compute-sanitizer --tool racecheck --error-exitcode 3 "$TESTBIN" \

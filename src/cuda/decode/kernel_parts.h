@@ -230,14 +230,19 @@ struct KvLoader {
     CUTE_UNROLL
     for (int i = 0; i < kGroups; ++i) {
       const int j0 = unit_key(u0 + i);
-      detail::KvPlace at;
-      if constexpr (kWarpPages) {
-        at = pages != nullptr ? detail::paged_place(a, __shfl_sync(~0u, cur, u0 + i - win), j0)
-                              : detail::KvPlace{slot, j0};
-      } else {
-        at = detail::kv_place(a, b, j0);
+      detail::KvPlace at{};
+      // A group past the keys reads no block-table entry (kv_place would read past the sequence's row when
+      // page_size < 64 and the last tile reaches beyond max_pages); j0 is uniform over the copiers, which shuffle
+      // together.
+      if (j0 < sk) {
+        if constexpr (kWarpPages) {
+          at = pages != nullptr ? detail::paged_place(a, __shfl_sync(~0u, cur, u0 + i - win), j0)
+                                : detail::KvPlace{slot, j0};
+        } else {
+          at = detail::kv_place(a, b, j0);
+        }
       }
-      ahead[i] = j0 < sk ? at : detail::KvPlace{};
+      ahead[i] = at;
     }
   }
 
@@ -468,7 +473,7 @@ CUTE_DEVICE void store_rows(const DecodeParams& p, const CtaPlace& c, O const& a
 // 32k keys (16 splits) ended 7.9 us after the decode kernel on the H200 (bench/results/h200-decode-chain.json): a
 // launch and a grid-completion wait, for 32 rows of reads. The last CTA's merge reads what the others wrote after
 // their fence and count (the threadFenceReduction pattern), from L2 (__ldcg). One warp per row, each lane four
-// adjacent columns, the splits' loads eight at a time. Called by the `threads` threads that wrote the part (sync:
+// adjacent columns, the splits' loads sixteen at a time. Called by the `threads` threads that wrote the part (sync:
 // their barrier), with `scratch` shared memory no longer in use (the K/V ring) of 32 + kMaxSplits floats per warp.
 constexpr int split_merge_smem_bytes(int threads) { return (32 + threads / 32 * kMaxSplits) * 4; }
 template <class Element, class Sync>
@@ -489,35 +494,40 @@ CUTE_DEVICE void merge_splits(const DecodeParams& p, const CtaPlace& c, int thre
   float* w = scratch + 32 + warp * kMaxSplits;
   const std::int64_t rows = a.batch * a.heads_q * a.seqlen_q;
   const int dv = static_cast<int>(a.hdim_v);
+  const int col = 4 * lane;  // hdim_v is a multiple of 8 and at most 128: the lanes below dv / 4 own the columns
+  const bool owns = col < dv;
+  // The parts of kInFlight splits are loaded at a time, the first kInFlight together with the LSEs, before the
+  // weights are known: at batch 1's 16 splits the merge waits on L2 once, not three times.
+  constexpr int kInFlight = 16;
   for (int r = warp; r < c.nrows; r += threads / 32) {
     const PackedRow pr = packed_row(c.r0 + r, c.group, c.hk);
     const std::int64_t row = (c.b * a.heads_q + pr.head) * a.seqlen_q + pr.token;
+    float4 part[kInFlight];
+    auto load_parts = [&](int s0) {
+      CUTE_UNROLL
+      for (int i = 0; i < kInFlight; ++i)
+        part[i] = owns && s0 + i < p.splits
+                      ? __ldcg(reinterpret_cast<const float4*>(p.o_part + ((s0 + i) * rows + row) * dv + col))
+                      : make_float4(0.f, 0.f, 0.f, 0.f);
+    };
+    load_parts(0);
     for (int s = lane; s < p.splits; s += 32) w[s] = __ldcg(p.lse_part + s * rows + row);
     __syncwarp();
     const float l = merged_lse([&](int s) { return w[s]; }, p.splits);
     __syncwarp();  // every lane has read the LSEs before they become weights
     for (int s = lane; s < p.splits; s += 32) w[s] = part_weight(w[s], l);
     __syncwarp();
-    const int col = 4 * lane;  // hdim_v is a multiple of 8 and at most 128: the lanes below dv / 4 own the columns
-    if (col < dv) {
+    if (owns) {
       float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-      constexpr int kInFlight = 8;
       for (int s0 = 0; s0 < p.splits; s0 += kInFlight) {
-        float4 part[kInFlight];
-        float wi[kInFlight];
+        if (s0 > 0) load_parts(s0);
         CUTE_UNROLL
         for (int i = 0; i < kInFlight; ++i) {
-          const bool in = s0 + i < p.splits;
-          part[i] = in ? __ldcg(reinterpret_cast<const float4*>(p.o_part + ((s0 + i) * rows + row) * dv + col))
-                       : make_float4(0.f, 0.f, 0.f, 0.f);
-          wi[i] = in ? w[s0 + i] : 0.f;
-        }
-        CUTE_UNROLL
-        for (int i = 0; i < kInFlight; ++i) {
-          o.x += wi[i] * part[i].x;
-          o.y += wi[i] * part[i].y;
-          o.z += wi[i] * part[i].z;
-          o.w += wi[i] * part[i].w;
+          const float wi = s0 + i < p.splits ? w[s0 + i] : 0.f;
+          o.x += wi * part[i].x;
+          o.y += wi * part[i].y;
+          o.z += wi * part[i].z;
+          o.w += wi * part[i].w;
         }
       }
       store_out4<Element>(a, c.b, pr, col, o);
