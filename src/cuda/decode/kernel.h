@@ -189,7 +189,9 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     store_rows<Element, kTileRows, kD, Tr::kParts>(p, c, acc_o_rc, tOcO_rc, lse, part,
                                                    reinterpret_cast<float*>(smem_k));
   }
-  merge_splits<Element>(p, c, kThreads, reinterpret_cast<float*>(smem_k), [] { __syncthreads(); });
+  constexpr bool kEarly = Tr::kRows == 16;  // kernel_parts.h merge_splits: the 64-row kernel's registers
+  merge_splits<Element, kEarly ? 16 : 8, kEarly>(p, c, kThreads, reinterpret_cast<float*>(smem_k),
+                                                 [] { __syncthreads(); });
 }
 
 }  // namespace flashtile::cuda::decode

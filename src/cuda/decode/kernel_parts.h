@@ -473,10 +473,14 @@ CUTE_DEVICE void store_rows(const DecodeParams& p, const CtaPlace& c, O const& a
 // 32k keys (16 splits) ended 7.9 us after the decode kernel on the H200 (bench/results/h200-decode-chain.json): a
 // launch and a grid-completion wait, for 32 rows of reads. The last CTA's merge reads what the others wrote after
 // their fence and count (the threadFenceReduction pattern), from L2 (__ldcg). One warp per row, each lane four
-// adjacent columns, the splits' loads sixteen at a time. Called by the `threads` threads that wrote the part (sync:
+// adjacent columns, the splits' loads kInFlight at a time. Called by the `threads` threads that wrote the part (sync:
 // their barrier), with `scratch` shared memory no longer in use (the K/V ring) of 32 + kMaxSplits floats per warp.
+// kEarly: the first kInFlight parts are loaded together with the LSEs, before the weights are known (the 16-row
+// kernels, 16 in flight: at batch 1's 16 splits the merge waits on L2 once, not three times). The 64-row mma.sync
+// kernel has no registers for that: 16 early parts spilled 28 bytes with hooks and masks (ptxas, sm_80), 8 early
+// parts too; it loads its parts after the LSEs, 8 at a time. The sum runs in split order either way.
 constexpr int split_merge_smem_bytes(int threads) { return (32 + threads / 32 * kMaxSplits) * 4; }
-template <class Element, class Sync>
+template <class Element, int kInFlight, bool kEarly, class Sync>
 CUTE_DEVICE void merge_splits(const DecodeParams& p, const CtaPlace& c, int threads, float* scratch, Sync sync) {
   if (p.splits == 1) return;
   const detail::AttnParams& a = p.a;
@@ -496,9 +500,6 @@ CUTE_DEVICE void merge_splits(const DecodeParams& p, const CtaPlace& c, int thre
   const int dv = static_cast<int>(a.hdim_v);
   const int col = 4 * lane;  // hdim_v is a multiple of 8 and at most 128: the lanes below dv / 4 own the columns
   const bool owns = col < dv;
-  // The parts of kInFlight splits are loaded at a time, the first kInFlight together with the LSEs, before the
-  // weights are known: at batch 1's 16 splits the merge waits on L2 once, not three times.
-  constexpr int kInFlight = 16;
   for (int r = warp; r < c.nrows; r += threads / 32) {
     const PackedRow pr = packed_row(c.r0 + r, c.group, c.hk);
     const std::int64_t row = (c.b * a.heads_q + pr.head) * a.seqlen_q + pr.token;
@@ -510,7 +511,7 @@ CUTE_DEVICE void merge_splits(const DecodeParams& p, const CtaPlace& c, int thre
                       ? __ldcg(reinterpret_cast<const float4*>(p.o_part + ((s0 + i) * rows + row) * dv + col))
                       : make_float4(0.f, 0.f, 0.f, 0.f);
     };
-    load_parts(0);
+    if constexpr (kEarly) load_parts(0);
     for (int s = lane; s < p.splits; s += 32) w[s] = __ldcg(p.lse_part + s * rows + row);
     __syncwarp();
     const float l = merged_lse([&](int s) { return w[s]; }, p.splits);
@@ -520,7 +521,7 @@ CUTE_DEVICE void merge_splits(const DecodeParams& p, const CtaPlace& c, int thre
     if (owns) {
       float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
       for (int s0 = 0; s0 < p.splits; s0 += kInFlight) {
-        if (s0 > 0) load_parts(s0);
+        if (s0 > 0 || !kEarly) load_parts(s0);
         CUTE_UNROLL
         for (int i = 0; i < kInFlight; ++i) {
           const float wi = s0 + i < p.splits ? w[s0 + i] : 0.f;

@@ -172,7 +172,7 @@ __global__ void __launch_bounds__(Tr::kCtaThreads, Tr::kCtasPerSm) decode_wg_ker
   store_own_rows<Element>(p, c, acc_o_rc, tOcO_rc, lse);
   // The producer warp has left: the consumers' barrier. The ring's tiles are all consumed.
   static_assert(split_merge_smem_bytes(kThreads) <= 2 * kStages * Tr::kStageElems * int(sizeof(Element)));
-  merge_splits<Element>(p, c, kThreads, reinterpret_cast<float*>(smem_k), sync_consumers);
+  merge_splits<Element, 16, true>(p, c, kThreads, reinterpret_cast<float*>(smem_k), sync_consumers);
 #endif
 }
 
