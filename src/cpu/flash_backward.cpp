@@ -346,13 +346,13 @@ void key_tile(Shared& sh, BwdScratch& w, std::int64_t b, std::int64_t hk, std::i
       clock.skip();
       gemm_nn(rows, npad, d, qs, ldd, w.kt.get(), ldk, w.s.get(), lds, false);
       clock.mark(kProducts);
-      // The next query tile's rows (bq rows after this tile's in every array: rows are b · Sq + i, Shared::row) are
-      // requested toward L2 while this tile's exp and dS passes run: scale · Q here, dO and dQ after dP. A/B against the build without
-      // (bench/results/cpu_bwd_prefetch_zen4_1207.md: 2 threads, Zen 4, float32, D = 64 / 128, S = 2048-8192):
-      // 0.99-1.05x, median 1.014x.
+      // The next query tile's rows are requested toward L2 while this tile's exp and dS passes run: scale · Q here,
+      // dO and dQ after dP. A/B against the build without (bench/results/cpu_bwd_prefetch_zen4_1207.md: 2 threads,
+      // Zen 4, float32, D = 64 / 128, S = 2048-8192): 0.99-1.05x, median 1.014x.
       const std::int64_t next_rows =
           q0 + bq < qt.end * bq ? std::clamp<std::int64_t>(seq.seqlen_q - q0 - bq, 0, bq) : 0;
-      if (next_rows > 0) prefetch_slice(qs + std::int64_t{bq} * ldd, 4 * next_rows * ldd, 0, 1);
+      const std::int64_t next_row0 = sh.row(head, b, q0 + bq);
+      if (next_rows > 0) prefetch_slice(sh.q_rows(h, next_row0), 4 * next_rows * ldd, 0, 1);
       const bool needs_mask = probabilities(head, w, tm, q0, rows, k0, n, 1.0f);
       // Masked keys are excluded from every product below (see tile_ops.h), so they contribute
       // exactly nothing, NaN inputs included. With finite K, Q and dO the products take the whole tile on the
@@ -366,8 +366,8 @@ void key_tile(Shared& sh, BwdScratch& w, std::int64_t b, std::int64_t hk, std::i
       gemm_nn(rows, npad, dv, dot, ldv, w.vt.get(), ldk, w.dp.get(), lds, false);  // dP = dO Vᵀ
       clock.mark(kProducts);
       if (next_rows > 0) {
-        prefetch_slice(dot + std::int64_t{bq} * ldv, 4 * next_rows * ldv, 0, 1);
-        prefetch_slice(sh.dq_rows(part, h, row0) + std::int64_t{bq} * w.cd, 4 * next_rows * w.cd, 0, 1);
+        prefetch_slice(sh.do_rows(h, next_row0), 4 * next_rows * ldv, 0, 1);
+        prefetch_slice(sh.dq_rows(part, h, next_row0), 4 * next_rows * w.cd, 0, 1);
       }
       for (int r = 0; r < rows; ++r) ds_row(w, r, n, softcap);  // dS = P ∘ (dP − D) [∘ (1 − tanh²)]
       clock.mark(kDs);
