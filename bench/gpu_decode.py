@@ -2,13 +2,13 @@
 """Decode against a KV cache on the GPU (forward_kvcache, issue 14): GB/s of K+V read, FlashTile's cuda-sm80 decode
 path against torch SDPA's flash, efficient and cuDNN backends, in one process. The GPU twin of bench/decode.py.
 
-Cells (issue 14): GQA 32 query / 8 KV heads, head dim 128, bf16, causal (bottom-right over the new tokens);
-Sq = 1 (decode) and 16 (speculative decoding); batch 1 / 8 / 64; 4k / 32k / 128k keys; contiguous caches and
-paged ones (pages of 64 rows, shuffled). FlashTile is called through libflashtile_capi.so (gpu_bench.py's ctypes
-class, ft_forward_kvcache) on torch tensors: cache_seqlens = keys - Sq and Sq new keys appended in place, so the
-call reads `keys` keys per sequence. The peers get the same values as (B, H, L, D) views of the contiguous cache
-with enable_gqa=True (and causal_lower_right for Sq > 1); SDPA has no paged form, so a paged cell's peers are
-those of the contiguous cell with the same shape (the same values and the same work).
+Cells (issue 14): GQA 32 query / 8 KV heads, head dim 128, bf16, causal (bottom-right over the new tokens); Sq = 1
+(decode) and 16 (speculative decoding); batch 1 / 8 / 64; 4k / 32k / 128k keys; contiguous caches and paged ones
+(pages of 64 and of 16 rows, shuffled; --pages). FlashTile is called through libflashtile_capi.so (gpu_bench.py's
+ctypes class, ft_forward_kvcache) on torch tensors: cache_seqlens = keys - Sq and Sq new keys appended in place, so
+the call reads `keys` keys per sequence. The peers get the same values as (B, H, L, D) views of the contiguous cache
+with enable_gqa=True (and causal_lower_right for Sq > 1); SDPA has no paged form, so a paged cell's peers are those
+of the contiguous cell with the same shape (the same values and the same work).
 
 GB/s counts the bytes of K and V the call must read: B · L · Hkv · (D + Dv) · 2; % is of the H200's 4.8 TB/s.
 Timing: CUDA events around each call, 5 warm-up calls, median of --reps (>= 20). FlashTile is timed on its C ABI
@@ -63,17 +63,17 @@ FT_OPS = ("prepare_kernel", "check_kernel", "decode_kernel", "decode_wg_kernel",
 FT_FIRST_OPS = ("prepare_kernel", "Memset")  # a small call's one-CTA check, or a large call's reset
 
 
-def cells(quick, in_order=False):
-    """The issue's cells; in_order adds, after each paged cell, the same cell with its pages in order (block_table
-    row b = b·L/64 ...): against the shuffled cell, what the page gather costs apart from the pages' scatter (TLB
-    reach, DRAM locality)."""
+def cells(quick, in_order=False, pages=(64, 16)):
+    """The issue's cells (a paged cache with each page size of `pages`); in_order adds, after each paged cell, the same
+    cell with its pages in order (block_table row b = b·L/page ...): against the shuffled cell, what the page
+    gather costs apart from the pages' scatter (TLB reach, DRAM locality)."""
     out = []
     for sq in (1, 16):
         for batch in (1, 8, 64):
             for keys in (4096, 32768, 131072):
                 if quick and (keys > 32768 or batch > 8):
                     continue
-                for page in (0, 64):
+                for page in (0, *pages):
                     out.append({"sq": sq, "batch": batch, "keys": keys, "page": page})
                     if page and in_order:
                         out.append({"sq": sq, "batch": batch, "keys": keys, "page": page, "in_order": True})
@@ -287,6 +287,8 @@ def main():
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--quick", action="store_true", help="batch <= 8 and <= 32k keys only")
     ap.add_argument("--in-order", action="store_true", help="also each paged cell with its pages in order")
+    ap.add_argument("--pages", default="64,16", help="page sizes of the paged cells, comma-separated (issue 14: 16, "
+                    "64)")
     ap.add_argument("--out", default=None, help="path stem for .json, .md and .png")
     ap.add_argument("--backend", default="auto", help="FlashTile's backend (auto: cuda-sm90's wgmma kernel for the "
                     "64-row tiles on Hopper, cuda-sm80's mma.sync kernel otherwise)")
@@ -312,7 +314,7 @@ def main():
             "command": "python3 bench/gpu_decode.py " + " ".join(sys.argv[1:])}
     start = time.time()
     rows, peer_cache = [], {}
-    for cell in cells(args.quick, args.in_order):
+    for cell in cells(args.quick, args.in_order, tuple(int(x) for x in args.pages.split(","))):
         if str(cell["sq"]) not in args.sq.split(","):
             continue
         row = bench_cell(ft, cell, args.reps, peer_cache, args.backend)
