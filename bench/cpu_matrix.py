@@ -25,6 +25,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import signal
 import subprocess
 import sys
@@ -285,12 +286,8 @@ def metadata(args, peaks, dot_peaks):
                            "'cpu_capability': torch.backends.cpu.get_cpu_capability(), 'blas': next((x.split('=')[1] "
                            "for x in torch.__config__.show().replace(',', '\\n').split() if x.startswith('BLAS_INFO')),"
                            " '?')}))"], capture_output=True, text=True, check=True).stdout
-    cmd = ("python3 bench/cpu_matrix.py" + (" --quick" if args.quick else "")
-           + (f" --threads {args.threads}" if args.threads != "1,2" else "") + (" --bf16" if args.bf16 else "")
-           + (" --cli" if args.cli else "") + (f" --hdims {args.hdims}" if args.hdims != "64,128" else "")
-           + (f" --blas-core {args.blas_core}" if args.blas_core else "")
-           + (f" --seqlens {args.seqlens}" if args.seqlens else "") + (f" --iters {args.iters}" if args.iters else "")
-           + (f" --slow {args.slow:g}" if args.slow != 10.0 else ""))
+    # The command as given (every argument, --name and --out included), as the results tables quote it.
+    cmd = shlex.join(["python3", "bench/cpu_matrix.py", *sys.argv[1:]])
     return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "cpu": cpu_model(), "cores": os.cpu_count(), "flags": cpu_flags(), "fma_peak": peaks,
             "bf16_peak": dot_peaks, "affinity": sorted(os.sched_getaffinity(0)), "load_at_start": os.getloadavg(),

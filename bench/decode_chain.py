@@ -158,6 +158,7 @@ def main():
     ap.add_argument("--splits-sweep", default="", help="with --libs: the first build also at these num_splits")
     ap.add_argument("--backend", default="auto", help="without --libs: FlashTile's backend (strict), e.g. cuda-sm80")
     args = ap.parse_args()
+    print(f"gpu: {torch.cuda.get_device_name()}")  # plot_decode_ab.py's peak line
     if args.libs:
         return ab(args)
     ft = FlashTile(find_lib(args.lib))

@@ -46,14 +46,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from gpu_bench import FlashTile, find_lib, time_ms  # noqa: E402  the ctypes binding of the C ABI, CUDA-event timing
 from gpu_profile import cuda_events, kernel_times  # noqa: E402
+from hbm_peaks import hbm_peak_gbs  # noqa: E402  the table's % and the plot's lines: the GPU the run was on
 
 HQ, HKV, D = 32, 8, 128
-# HBM peaks by device name (the vendor's figures): the table's % and the plot's lines use the GPU the run was on.
-HBM_PEAKS_GBS = {"H200": 4800.0, "H100 80GB HBM3": 3350.0, "H100 NVL": 3900.0, "H100 PCIe": 2000.0}
-
-
-def hbm_peak_gbs(gpu):
-    return next((v for k, v in HBM_PEAKS_GBS.items() if k in gpu), 0.0)
 
 
 PEERS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
