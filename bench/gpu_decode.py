@@ -282,8 +282,7 @@ def main():
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--quick", action="store_true", help="batch <= 8 and <= 32k keys only")
     ap.add_argument("--in-order", action="store_true", help="also each paged cell with its pages in order")
-    ap.add_argument("--pages", default="64,16", help="page sizes of the paged cells, comma-separated (issue 14: 16, "
-                    "64)")
+    ap.add_argument("--pages", default="64,16", help="page sizes of the paged cells, comma-separated")
     ap.add_argument("--out", default=None, help="path stem for .json, .md and .png")
     ap.add_argument("--backend", default="auto", help="FlashTile's backend (auto: cuda-sm90's wgmma kernel for the "
                     "64-row tiles on Hopper, cuda-sm80's mma.sync kernel otherwise)")

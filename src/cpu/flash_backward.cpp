@@ -352,7 +352,7 @@ void key_tile(Shared& sh, BwdScratch& w, std::int64_t b, std::int64_t hk, std::i
       const std::int64_t next_rows =
           q0 + bq < qt.end * bq ? std::clamp<std::int64_t>(seq.seqlen_q - q0 - bq, 0, bq) : 0;
       const std::int64_t next_row0 = sh.row(head, b, q0 + bq);
-      if (next_rows > 0) prefetch_slice(sh.q_rows(h, next_row0), 4 * next_rows * ldd, 0, 1);
+      if (next_rows > 0) prefetch_slice(sh.q_rows(h, next_row0), next_rows * ldd * sizeof(float), 0, 1);
       const bool needs_mask = probabilities(head, w, tm, q0, rows, k0, n, 1.0f);
       // Masked keys are excluded from every product below (see tile_ops.h), so they contribute
       // exactly nothing, NaN inputs included. With finite K, Q and dO the products take the whole tile on the
@@ -366,8 +366,8 @@ void key_tile(Shared& sh, BwdScratch& w, std::int64_t b, std::int64_t hk, std::i
       gemm_nn(rows, npad, dv, dot, ldv, w.vt.get(), ldk, w.dp.get(), lds, false);  // dP = dO Vᵀ
       clock.mark(kProducts);
       if (next_rows > 0) {
-        prefetch_slice(sh.do_rows(h, next_row0), 4 * next_rows * ldv, 0, 1);
-        prefetch_slice(sh.dq_rows(part, h, next_row0), 4 * next_rows * w.cd, 0, 1);
+        prefetch_slice(sh.do_rows(h, next_row0), next_rows * ldv * sizeof(float), 0, 1);
+        prefetch_slice(sh.dq_rows(part, h, next_row0), next_rows * w.cd * sizeof(float), 0, 1);
       }
       for (int r = 0; r < rows; ++r) ds_row(w, r, n, softcap);  // dS = P ∘ (dP − D) [∘ (1 − tanh²)]
       clock.mark(kDs);
